@@ -1,0 +1,1 @@
+"""One module per subcommand; each exposes a click command named `command`."""

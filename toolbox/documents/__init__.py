@@ -1,0 +1,1 @@
+"""Pydantic models of the two document kinds (skills and contracts): the edges of the toolbox."""
