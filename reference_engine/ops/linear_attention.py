@@ -1,0 +1,278 @@
+"""Gated DeltaNet (linear attention) ops in plain torch: causal conv1d, gates, chunked prefill, recurrent decode.
+
+Every op is destination passing: outputs are preallocated by the caller and written here. An output
+may be the same tensor as the state it replaces (`final_state is initial_state`, `state_out is state`,
+`conv_state_out is conv_state`): states are read completely before anything is written.
+
+Layouts (see contracts/linear-attention/*.yaml):
+- ragged batches: `cu_seqlens [B + 1]` int32, prefix sums of the sequence lengths, starting at 0;
+- conv state `[B, C, K - 1]`: the last K - 1 inputs of the sequence, oldest first (zeros for a new one);
+- recurrent state `[B, Hv, Dk, Dv]` float32 (zeros for a new sequence);
+- key head i serves value heads i * Hv/Hk .. (i + 1) * Hv/Hk - 1 (repeat_interleave, not tile).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from reference_engine.ops.registry import satisfies
+
+L2_EPS = 1e-6
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _check_cu_seqlens(cu_seqlens: torch.Tensor, num_tokens: int, name: str = "cu_seqlens") -> list[int]:
+    """Validate a ragged-batch offset vector and return it as host integers (one sync, at prefill only)."""
+    _require(cu_seqlens.dim() == 1 and cu_seqlens.shape[0] >= 2, f"{name} must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}")
+    _require(cu_seqlens.dtype == torch.int32, f"{name} must be int32, got {cu_seqlens.dtype}")
+    offsets = cu_seqlens.tolist()
+    _require(offsets[0] == 0, f"{name} must start at 0, got {offsets[0]}")
+    _require(offsets[-1] == num_tokens, f"{name} must end at the number of tokens {num_tokens}, got {offsets[-1]}")
+    _require(all(b >= a for a, b in zip(offsets, offsets[1:])), f"{name} must be non-decreasing, got {offsets}")
+    return offsets
+
+
+def _check_out(tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, name: str) -> None:
+    _require(tuple(tensor.shape) == shape, f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
+    _require(tensor.dtype == dtype, f"{name} must be {dtype}, got {tensor.dtype}")
+
+
+# ----------------------------------------------------------------------------------------------- conv
+
+
+@satisfies("linear-attention/causal-conv1d", major=1)
+def causal_conv1d(
+    x: torch.Tensor,  # [T, C]
+    weight: torch.Tensor,  # [C, K]
+    cu_seqlens: torch.Tensor,  # [B + 1] int32
+    initial_state: torch.Tensor,  # [B, C, K - 1]
+    out: torch.Tensor,  # [T, C]
+    final_state: torch.Tensor,  # [B, C, K - 1]
+) -> None:
+    """Depthwise causal conv over each sequence (previous inputs from `initial_state`), then SiLU."""
+    _require(x.dim() == 2, f"x must be [T, C], got shape {tuple(x.shape)}")
+    num_tokens, channels = x.shape
+    _require(weight.dim() == 2 and weight.shape[0] == channels, f"weight must be [C={channels}, K], got {tuple(weight.shape)}")
+    kernel = weight.shape[1]
+    _require(kernel >= 2, f"kernel size must be at least 2, got {kernel}")
+    num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens.dim() == 1 else -1
+    _require(
+        tuple(initial_state.shape) == (num_seqs, channels, kernel - 1),
+        f"initial_state must be [B={num_seqs}, C={channels}, K-1={kernel - 1}], got {tuple(initial_state.shape)}",
+    )
+    _require(weight.dtype == x.dtype and initial_state.dtype == x.dtype, f"x, weight, initial_state must share a dtype, got {x.dtype}, {weight.dtype}, {initial_state.dtype}")
+    _check_out(out, (num_tokens, channels), x.dtype, "out")
+    _check_out(final_state, tuple(initial_state.shape), x.dtype, "final_state")
+    _check_cu_seqlens(cu_seqlens, num_tokens)
+
+    device = x.device
+    state_len = kernel - 1
+    starts = cu_seqlens[:-1].to(torch.int64)
+    lengths = cu_seqlens[1:].to(torch.int64) - starts  # [B]
+    # Source rows: the T inputs, then each sequence's K-1 previous inputs (oldest first).
+    source = torch.cat([x, initial_state.transpose(1, 2).reshape(num_seqs * state_len, channels)])  # [T + B(K-1), C]
+
+    def rows(seq: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
+        """Row of `source` holding relative position `rel` (negative = from the state) of sequence `seq`."""
+        inside = starts[seq] + rel
+        from_state = num_tokens + seq * state_len + state_len + rel
+        return torch.where(rel >= 0, inside, from_state)
+
+    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), lengths, output_size=num_tokens)  # [T]
+    position = torch.arange(num_tokens, device=device) - starts[seq_of_token]  # [T]
+    acc = torch.zeros(num_tokens, channels, dtype=torch.float32, device=device)
+    w = weight.float()
+    for tap in range(kernel):  # tap K-1 multiplies the current input
+        acc += source[rows(seq_of_token, position - (state_len - tap))].float() * w[:, tap]
+    seqs = torch.arange(num_seqs, device=device)[:, None]  # [B, 1]
+    last_rel = lengths[:, None] - state_len + torch.arange(state_len, device=device)[None, :]  # [B, K-1]
+    new_state = source[rows(seqs, last_rel)]  # [B, K-1, C]
+    out.copy_(F.silu(acc))
+    final_state.copy_(new_state.transpose(1, 2))
+
+
+@satisfies("linear-attention/causal-conv1d-update", major=1)
+def causal_conv1d_update(
+    x: torch.Tensor,  # [B, C]
+    weight: torch.Tensor,  # [C, K]
+    conv_state: torch.Tensor,  # [B, C, K - 1]
+    out: torch.Tensor,  # [B, C]
+    conv_state_out: torch.Tensor,  # [B, C, K - 1]
+) -> None:
+    """One new input per sequence: out = silu(conv over [state, x]); the state shifts left by one."""
+    _require(x.dim() == 2, f"x must be [B, C], got shape {tuple(x.shape)}")
+    batch, channels = x.shape
+    _require(weight.dim() == 2 and weight.shape[0] == channels, f"weight must be [C={channels}, K], got {tuple(weight.shape)}")
+    kernel = weight.shape[1]
+    _require(
+        tuple(conv_state.shape) == (batch, channels, kernel - 1),
+        f"conv_state must be [B={batch}, C={channels}, K-1={kernel - 1}], got {tuple(conv_state.shape)}",
+    )
+    _require(weight.dtype == x.dtype and conv_state.dtype == x.dtype, f"x, weight, conv_state must share a dtype, got {x.dtype}, {weight.dtype}, {conv_state.dtype}")
+    _check_out(out, (batch, channels), x.dtype, "out")
+    _check_out(conv_state_out, tuple(conv_state.shape), x.dtype, "conv_state_out")
+    window = torch.cat([conv_state, x[:, :, None]], dim=2)  # [B, C, K]
+    result = F.silu((window.float() * weight.float()).sum(dim=2))
+    conv_state_out.copy_(window[:, :, 1:])
+    out.copy_(result)
+
+
+# ---------------------------------------------------------------------------------------------- gates
+
+
+@satisfies("linear-attention/gdn-gates", major=1)
+def gdn_gates(
+    a: torch.Tensor,  # [T, Hv]
+    b: torch.Tensor,  # [T, Hv]
+    A_log: torch.Tensor,  # [Hv]
+    dt_bias: torch.Tensor,  # [Hv]
+    g: torch.Tensor,  # [T, Hv] float32
+    beta: torch.Tensor,  # [T, Hv] float32
+) -> None:
+    """g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), both in float32."""
+    _require(a.dim() == 2 and a.shape == b.shape, f"a and b must both be [T, Hv], got {tuple(a.shape)} and {tuple(b.shape)}")
+    _require(a.dtype == b.dtype, f"a and b must share a dtype, got {a.dtype} and {b.dtype}")
+    num_v_heads = a.shape[1]
+    _require(tuple(A_log.shape) == (num_v_heads,) and tuple(dt_bias.shape) == (num_v_heads,), f"A_log and dt_bias must be [Hv={num_v_heads}], got {tuple(A_log.shape)} and {tuple(dt_bias.shape)}")
+    _check_out(g, tuple(a.shape), torch.float32, "g")
+    _check_out(beta, tuple(a.shape), torch.float32, "beta")
+    g.copy_(-torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float()))
+    beta.copy_(torch.sigmoid(b.float()))
+
+
+# ---------------------------------------------------------------------------------------- delta rule
+
+
+def _check_qkv(query, key, value, g, beta) -> tuple[int, int, int, int, int]:
+    _require(query.dim() == 3 and key.shape == query.shape, f"query and key must both be [T, Hk, Dk], got {tuple(query.shape)} and {tuple(key.shape)}")
+    _require(value.dim() == 3 and value.shape[0] == query.shape[0], f"value must be [T={query.shape[0]}, Hv, Dv], got {tuple(value.shape)}")
+    tokens, num_k_heads, k_dim = query.shape
+    num_v_heads, v_dim = value.shape[1:]
+    _require(num_v_heads % num_k_heads == 0, f"value heads ({num_v_heads}) must be a multiple of key heads ({num_k_heads})")
+    _require(key.dtype == query.dtype and value.dtype == query.dtype, f"query, key, value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    for name, tensor in (("g", g), ("beta", beta)):
+        _require(tuple(tensor.shape) == (tokens, num_v_heads), f"{name} must be [T={tokens}, Hv={num_v_heads}], got {tuple(tensor.shape)}")
+        _require(tensor.dtype == torch.float32, f"{name} must be float32, got {tensor.dtype}")
+    return tokens, num_k_heads, k_dim, num_v_heads, v_dim
+
+
+def _prepare_qk(query: torch.Tensor, key: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """L2-normalise in fp32, scale the query by Dk^-0.5, expand key heads to value heads (interleaved)."""
+    group = num_v_heads // query.shape[1]
+    q = query.float()
+    k = key.float()
+    q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + L2_EPS) * (q.shape[-1] ** -0.5)
+    k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + L2_EPS)
+    return q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)  # [T, Hv, Dk] each
+
+
+@satisfies("linear-attention/gdn-recurrent-decode", major=1)
+def gdn_recurrent_decode(
+    query: torch.Tensor,  # [B, Hk, Dk]
+    key: torch.Tensor,  # [B, Hk, Dk]
+    value: torch.Tensor,  # [B, Hv, Dv]
+    g: torch.Tensor,  # [B, Hv] float32
+    beta: torch.Tensor,  # [B, Hv] float32
+    state: torch.Tensor,  # [B, Hv, Dk, Dv] float32
+    out: torch.Tensor,  # [B, Hv, Dv]
+    state_out: torch.Tensor,  # [B, Hv, Dk, Dv] float32
+) -> None:
+    """One token per sequence: S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; out = S^T q."""
+    batch, _, k_dim, num_v_heads, v_dim = _check_qkv(query, key, value, g, beta)
+    _check_out(state, (batch, num_v_heads, k_dim, v_dim), torch.float32, "state")
+    _check_out(state_out, (batch, num_v_heads, k_dim, v_dim), torch.float32, "state_out")
+    _check_out(out, (batch, num_v_heads, v_dim), value.dtype, "out")
+    q, k = _prepare_qk(query, key, num_v_heads)
+    decayed = state * torch.exp(g)[:, :, None, None]
+    predicted = torch.einsum("bhkv,bhk->bhv", decayed, k)
+    delta = beta[:, :, None] * (value.float() - predicted)  # [B, Hv, Dv]
+    new_state = decayed + k[:, :, :, None] * delta[:, :, None, :]
+    result = torch.einsum("bhkv,bhk->bhv", new_state, q)
+    state_out.copy_(new_state)
+    out.copy_(result)
+
+
+def _chunk_rows(offsets: list[int], chunk_size: int, num_tokens: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """Token row for each slot of each sequence's chunks (`num_tokens` = a zero padding row); chunks per sequence."""
+    rows: list[torch.Tensor] = []
+    chunk_counts = []
+    for start, end in zip(offsets, offsets[1:]):
+        count = -(-(end - start) // chunk_size)
+        chunk_counts.append(count)
+        slots = torch.arange(start, start + count * chunk_size, device=device)
+        rows.append(torch.where(slots < end, slots, torch.full_like(slots, num_tokens)))
+    return torch.cat(rows), chunk_counts
+
+
+@satisfies("linear-attention/gdn-chunked-prefill", major=1)
+def gdn_chunked_prefill(
+    query: torch.Tensor,  # [T, Hk, Dk]
+    key: torch.Tensor,  # [T, Hk, Dk]
+    value: torch.Tensor,  # [T, Hv, Dv]
+    g: torch.Tensor,  # [T, Hv] float32
+    beta: torch.Tensor,  # [T, Hv] float32
+    cu_seqlens: torch.Tensor,  # [B + 1] int32
+    initial_state: torch.Tensor,  # [B, Hv, Dk, Dv] float32
+    out: torch.Tensor,  # [T, Hv, Dv]
+    final_state: torch.Tensor,  # [B, Hv, Dk, Dv] float32
+    chunk_size: int = 64,
+) -> None:
+    """The gated delta rule over a ragged batch, chunk by chunk (WY/UT form, fp32)."""
+    tokens, _, k_dim, num_v_heads, v_dim = _check_qkv(query, key, value, g, beta)
+    _require(isinstance(chunk_size, int) and chunk_size >= 1, f"chunk_size must be a positive integer, got {chunk_size!r}")
+    num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens.dim() == 1 else -1
+    _check_out(initial_state, (num_seqs, num_v_heads, k_dim, v_dim), torch.float32, "initial_state")
+    _check_out(final_state, (num_seqs, num_v_heads, k_dim, v_dim), torch.float32, "final_state")
+    _check_out(out, (tokens, num_v_heads, v_dim), value.dtype, "out")
+    offsets = _check_cu_seqlens(cu_seqlens, tokens)
+    device = query.device
+    states = initial_state.clone()  # [B, Hv, Dk, Dv]
+    if tokens == 0:
+        final_state.copy_(states)
+        return
+
+    q, k = _prepare_qk(query, key, num_v_heads)
+    rows, chunk_counts = _chunk_rows(offsets, chunk_size, tokens, device)
+    size = chunk_size
+
+    def chunked(tensor: torch.Tensor) -> torch.Tensor:
+        """[T, Hv, ...] -> [N, Hv, C, ...] over padded chunks (padding rows are zeros)."""
+        padded = torch.cat([tensor, tensor.new_zeros((1, *tensor.shape[1:]))])[rows]
+        padded = padded.view(-1, size, *tensor.shape[1:])
+        return padded.transpose(1, 2).contiguous()
+
+    q_c, k_c, v_c = chunked(q), chunked(k), chunked(value.float())  # [N, Hv, C, D]
+    g_c, beta_c = chunked(g), chunked(beta)  # [N, Hv, C]; padding has g = 0, beta = 0: no effect on the state
+    log_decay = g_c.cumsum(dim=-1)  # [N, Hv, C]
+    causal = torch.ones(size, size, dtype=torch.bool, device=device).tril()
+    between = log_decay[..., :, None] - log_decay[..., None, :]  # [N, Hv, C, C], i row, j column
+    decay_ij = torch.exp(between.masked_fill(~causal, float("-inf")))  # exp(c_i - c_j) for j <= i, else 0
+    k_beta = k_c * beta_c[..., None]
+    lower = (k_beta @ k_c.transpose(-1, -2)) * decay_ij  # diagonal ignored by the unitriangular solve
+    pseudo_values = torch.linalg.solve_triangular(lower, v_c * beta_c[..., None], upper=False, unitriangular=True)
+    state_keys = torch.linalg.solve_triangular(lower, k_beta * torch.exp(log_decay)[..., None], upper=False, unitriangular=True)
+    scores = (q_c @ k_c.transpose(-1, -2)) * decay_ij  # [N, Hv, C, C]
+    q_decayed = q_c * torch.exp(log_decay)[..., None]
+    k_to_end = k_c * torch.exp(log_decay[..., -1:] - log_decay)[..., None]
+    chunk_decay = torch.exp(log_decay[..., -1])[..., None, None]  # [N, Hv, 1, 1]
+
+    out_c = torch.empty_like(v_c)
+    first_chunk = [sum(chunk_counts[:b]) for b in range(num_seqs)]
+    for step in range(max(chunk_counts)):
+        active = [b for b in range(num_seqs) if chunk_counts[b] > step]
+        seq_index = torch.tensor(active, device=device)
+        chunk_index = torch.tensor([first_chunk[b] + step for b in active], device=device)
+        state = states[seq_index]  # [A, Hv, Dk, Dv]
+        writes = pseudo_values[chunk_index] - state_keys[chunk_index] @ state  # [A, Hv, C, Dv]
+        out_c[chunk_index] = q_decayed[chunk_index] @ state + scores[chunk_index] @ writes
+        states[seq_index] = state * chunk_decay[chunk_index] + k_to_end[chunk_index].transpose(-1, -2) @ writes
+
+    flat = out_c.transpose(1, 2).reshape(-1, num_v_heads, v_dim)  # [N * C, Hv, Dv]
+    real = rows < tokens
+    out[rows[real]] = flat[real].to(out.dtype)
+    final_state.copy_(states)
