@@ -1,0 +1,72 @@
+"""Gated full attention over the paged KV cache (every 4th layer of Qwen3.6-35B-A3B).
+
+q_proj output per head is [query | gate] (interleaved per head); q_norm/k_norm (zero-centred, per
+head) -> partial RoPE -> the new K/V written into the cache -> paged attention (prefill or decode)
+-> times sigmoid(gate) -> o_proj.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reference_engine.cache.tensors import ModelCaches
+from reference_engine.forward_batch import ForwardBatch
+from reference_engine.model.linear import Linear
+from reference_engine.ops.norms import rms_norm
+
+try:
+    from reference_engine.ops.attention import output_gate, paged_decode, paged_prefill, partial_rope, split_q_gate
+except ImportError:  # TEMPORARY until ops/attention.py lands
+    from reference_engine.model._temporary_ops import output_gate, paged_decode, paged_prefill, partial_rope, split_q_gate
+from reference_engine.cache.kv_write import write_kv
+
+
+@dataclass(frozen=True)
+class GatedAttention:
+    layer_index: int
+    q_proj: Linear  # [Hq * 2D, H]
+    k_proj: Linear  # [Hkv * D, H]
+    v_proj: Linear  # [Hkv * D, H]
+    o_proj: Linear  # [H, Hq * D]
+    q_norm: torch.Tensor  # [D]
+    k_norm: torch.Tensor  # [D]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    eps: float
+
+    def __call__(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """x [T, H] -> [T, H]; writes the new tokens' K/V into this layer's cache."""
+        num_tokens, heads, kv_heads, head_dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        query_gate = self.q_proj(x)  # [T, Hq * 2D]
+        query = torch.empty(num_tokens, heads, head_dim, dtype=x.dtype, device=x.device)  # [T, Hq, D]
+        gate = torch.empty(num_tokens, heads * head_dim, dtype=x.dtype, device=x.device)  # [T, Hq * D]
+        split_q_gate(query_gate, query=query, gate=gate)
+        key = self.k_proj(x).view(num_tokens, kv_heads, head_dim)  # [T, Hkv, D]
+        value = self.v_proj(x).view(num_tokens, kv_heads, head_dim).contiguous()  # [T, Hkv, D]
+
+        normed_query, normed_key = torch.empty_like(query), torch.empty_like(key)
+        rms_norm(query, self.q_norm, out=normed_query, eps=self.eps)
+        rms_norm(key, self.k_norm, out=normed_key, eps=self.eps)
+        rotated_query, rotated_key = torch.empty_like(query), torch.empty_like(key)
+        partial_rope(normed_query, batch.positions, out=rotated_query, rotary_dim=self.rotary_dim, theta=self.rope_theta)
+        partial_rope(normed_key, batch.positions, out=rotated_key, rotary_dim=self.rotary_dim, theta=self.rope_theta)
+
+        k_cache, v_cache = caches.k_cache[self.layer_index], caches.v_cache[self.layer_index]
+        write_kv(rotated_key, value, k_cache, v_cache, batch.slot_mapping)
+
+        attended = torch.empty_like(query)  # [T, Hq, D]
+        scale = head_dim**-0.5
+        if batch.is_decode:
+            paged_decode(rotated_query, k_cache, v_cache, batch.block_tables, batch.seq_lens, out=attended, scale=scale)
+        else:
+            paged_prefill(
+                rotated_query, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q, batch.seq_lens, out=attended, scale=scale
+            )
+        gated = torch.empty(num_tokens, heads * head_dim, dtype=x.dtype, device=x.device)  # [T, Hq * D]
+        output_gate(attended.view(num_tokens, heads * head_dim), gate, out=gated)
+        return self.o_proj(gated)

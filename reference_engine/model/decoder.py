@@ -1,0 +1,48 @@
+"""One decoder layer: pre-norm mixer (Gated DeltaNet or gated attention) and pre-norm sparse MoE, both residual.
+
+The residual stream is carried between layers so each norm fuses the preceding residual add:
+`residual = x + residual; h = norm(residual)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reference_engine.cache.tensors import ModelCaches
+from reference_engine.forward_batch import ForwardBatch
+from reference_engine.model.attention import GatedAttention
+from reference_engine.model.gated_deltanet import GatedDeltaNet
+from reference_engine.model.moe_block import SparseMoeBlock
+from reference_engine.ops.norms import fused_add_rms_norm, rms_norm
+
+
+@dataclass(frozen=True)
+class DecoderLayer:
+    layer_index: int
+    input_layernorm: torch.Tensor  # [H], zero-centred
+    post_attention_layernorm: torch.Tensor  # [H], zero-centred
+    mixer: GatedAttention | GatedDeltaNet
+    mlp: SparseMoeBlock
+    eps: float
+
+    def __call__(
+        self, x: torch.Tensor, residual: torch.Tensor | None, batch: ForwardBatch, caches: ModelCaches
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] (the previous layer's output, not yet added), residual [T, H] or None on the first layer.
+
+        Returns (this layer's MoE output, the residual stream before it); their sum is the layer's output.
+        """
+        normed = torch.empty_like(x)  # [T, H]
+        if residual is None:
+            residual = x
+            rms_norm(x, self.input_layernorm, out=normed, eps=self.eps)
+        else:
+            new_residual = torch.empty_like(x)  # [T, H]
+            fused_add_rms_norm(x, residual, self.input_layernorm, out=normed, residual_out=new_residual, eps=self.eps)
+            residual = new_residual
+        mixed = self.mixer(normed, batch, caches)  # [T, H]
+        post_normed, post_residual = torch.empty_like(x), torch.empty_like(x)  # [T, H]
+        fused_add_rms_norm(mixed, residual, self.post_attention_layernorm, out=post_normed, residual_out=post_residual, eps=self.eps)
+        return self.mlp(post_normed), post_residual

@@ -1,0 +1,91 @@
+"""Gated DeltaNet (linear attention) layer over the state-slot pool (3 of every 4 layers).
+
+in_proj_qkv -> depthwise causal conv1d + SiLU (state: the last K-1 inputs) -> split q, k, v ->
+gates g, beta -> delta-rule recurrence (state [Hv, Dk, Dv] float32; the op L2-normalises q, k)
+-> gated RMSNorm with z per head -> out_proj. States are gathered from `caches` at the batch's
+state slots (zeros on a sequence's first chunk), updated by the ops, and scattered back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reference_engine.cache.tensors import ModelCaches
+from reference_engine.forward_batch import ForwardBatch
+from reference_engine.model.linear import Linear
+from reference_engine.ops.norms import gated_rms_norm
+
+from reference_engine.ops.linear_attention import (
+        causal_conv1d,
+        causal_conv1d_update,
+        gdn_chunked_prefill,
+        gdn_gates,
+        gdn_recurrent_decode,
+    )
+
+
+@dataclass(frozen=True)
+class GatedDeltaNet:
+    layer_index: int
+    in_proj_qkv: Linear  # [2 * Hk * Dk + Hv * Dv, H]
+    in_proj_z: Linear  # [Hv * Dv, H]
+    in_proj_b: Linear  # [Hv, H]
+    in_proj_a: Linear  # [Hv, H]
+    conv_weight: torch.Tensor  # [C, K]
+    A_log: torch.Tensor  # [Hv]
+    dt_bias: torch.Tensor  # [Hv]
+    norm_weight: torch.Tensor  # [Dv]
+    out_proj: Linear  # [H, Hv * Dv]
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    eps: float
+
+    def _initial_states(self, batch: ForwardBatch, caches: ModelCaches) -> tuple[torch.Tensor, torch.Tensor]:
+        slots = batch.state_slots
+        conv = caches.conv_state[self.layer_index][slots]  # [B, C, K-1]
+        recurrent = caches.recurrent_state[self.layer_index][slots]  # [B, Hv, Dk, Dv]
+        fresh = ~batch.has_initial_state  # [B]
+        conv[fresh] = 0
+        recurrent[fresh] = 0
+        return conv, recurrent
+
+    def __call__(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """x [T, H] -> [T, H]; reads and writes this layer's conv and recurrent states at batch.state_slots."""
+        num_tokens = x.shape[0]
+        key_dim = self.num_k_heads * self.k_head_dim
+        mixed = self.in_proj_qkv(x)  # [T, C]
+        z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.v_head_dim)  # [T, Hv, Dv]
+        b = self.in_proj_b(x)  # [T, Hv]
+        a = self.in_proj_a(x)  # [T, Hv]
+        conv_in, state_in = self._initial_states(batch, caches)
+
+        conv_out = torch.empty_like(mixed)  # [T, C]
+        conv_state_out = torch.empty_like(conv_in)  # [B, C, K-1]
+        if batch.is_decode:
+            causal_conv1d_update(mixed, self.conv_weight, conv_in, out=conv_out, conv_state_out=conv_state_out)
+        else:
+            causal_conv1d(mixed, self.conv_weight, batch.cu_seqlens_q, conv_in, out=conv_out, final_state=conv_state_out)
+        caches.conv_state[self.layer_index][batch.state_slots] = conv_state_out
+
+        query = conv_out[:, :key_dim].reshape(num_tokens, self.num_k_heads, self.k_head_dim)  # [T, Hk, Dk]
+        key = conv_out[:, key_dim : 2 * key_dim].reshape(num_tokens, self.num_k_heads, self.k_head_dim)  # [T, Hk, Dk]
+        value = conv_out[:, 2 * key_dim :].reshape(num_tokens, self.num_v_heads, self.v_head_dim)  # [T, Hv, Dv]
+        g = torch.empty(num_tokens, self.num_v_heads, dtype=torch.float32, device=x.device)  # [T, Hv]
+        beta = torch.empty(num_tokens, self.num_v_heads, dtype=torch.float32, device=x.device)  # [T, Hv]
+        gdn_gates(a, b, self.A_log, self.dt_bias, g=g, beta=beta)
+
+        core = torch.empty(num_tokens, self.num_v_heads, self.v_head_dim, dtype=x.dtype, device=x.device)  # [T, Hv, Dv]
+        state_out = torch.empty_like(state_in)  # [B, Hv, Dk, Dv]
+        if batch.is_decode:
+            gdn_recurrent_decode(query, key, value, g, beta, state_in, out=core, state_out=state_out)
+        else:
+            gdn_chunked_prefill(query, key, value, g, beta, batch.cu_seqlens_q, state_in, out=core, final_state=state_out)
+        caches.recurrent_state[self.layer_index][batch.state_slots] = state_out
+
+        normed = torch.empty_like(core)  # [T, Hv, Dv]
+        gated_rms_norm(core, z.contiguous(), self.norm_weight, out=normed, eps=self.eps)
+        return self.out_proj(normed.view(num_tokens, self.num_v_heads * self.v_head_dim))
