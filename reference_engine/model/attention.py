@@ -16,10 +16,7 @@ from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.linear import Linear
 from reference_engine.ops.norms import rms_norm
 
-try:
-    from reference_engine.ops.attention import output_gate, paged_decode, paged_prefill, partial_rope, split_q_gate
-except ImportError:  # TEMPORARY until ops/attention.py lands
-    from reference_engine.model._temporary_ops import output_gate, paged_decode, paged_prefill, partial_rope, split_q_gate
+from reference_engine.ops.attention import output_gate, paged_decode, paged_prefill, partial_rope, split_q_gate
 from reference_engine.cache.kv_write import write_kv
 
 
