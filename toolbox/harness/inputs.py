@@ -37,7 +37,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def resolve_axes(contract: Contract, overrides: Mapping[str, int], where: str) -> dict[str, int]:
-    """Defaults from `axes.<name>.value`, overridden by the case; every axis bound; every constraint true."""
+    """Defaults from `axes.<name>.value`, overridden by the case; every axis must be bound."""
     unknown = sorted(set(overrides) - set(contract.axes))
     if unknown:
         raise ContractError(f"{where} sets axes {', '.join(unknown)}, which {contract.id} does not declare")
@@ -46,14 +46,27 @@ def resolve_axes(contract: Contract, overrides: Mapping[str, int], where: str) -
     unbound = sorted(set(contract.axes) - set(axes))
     if unbound:
         raise ContractError(f"{where} leaves axes {', '.join(unbound)} unbound (give them in the case's `axes`)")
+    return axes
+
+
+def expression_env(axes: Mapping[str, int], params: Mapping[str, Any]) -> dict[str, int | float]:
+    """Names an expression (shape, constraint, roofline) may use: numeric params, then axes (axes win)."""
+    env: dict[str, int | float] = {
+        name: value for name, value in params.items() if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+    env.update(axes)
+    return env
+
+
+def check_constraints(contract: Contract, env: Mapping[str, int | float], where: str) -> None:
     for constraint in contract.constraints:
         try:
-            holds = evaluate(constraint, axes)
+            holds = evaluate(constraint, env)
         except ExpressionError as error:
             raise ContractError(f"constraint {constraint!r} cannot be evaluated for {where}: {error}") from None
         if not holds:
-            raise ContractError(f"{where} violates constraint {constraint!r} with axes {axes}")
-    return axes
+            shown = {k: v for k, v in env.items() if k in constraint}
+            raise ContractError(f"{where} violates constraint {constraint!r} with {shown}")
 
 
 def resolve_params(contract: Contract, overrides: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -68,13 +81,19 @@ def resolve_params(contract: Contract, overrides: Mapping[str, Any], where: str)
     return params
 
 
-def bind(contract: Contract, axes: Mapping[str, int], params: Mapping[str, Any], dtype: str, device: str, seed: int, where: str) -> Binding:
-    return Binding(
-        resolve_axes(contract, axes, where), resolve_params(contract, params, where), torch_dtype(dtype), device, seed
-    )
+def bind(
+    contract: Contract, axes: Mapping[str, int], params: Mapping[str, Any], dtype: str, device: str, seed: int, where: str,
+    constraints: bool = True,
+) -> Binding:
+    """Resolve a case. Error cases pass `constraints=False`: their params may be invalid on purpose."""
+    bound_axes, bound_params = resolve_axes(contract, axes, where), resolve_params(contract, params, where)
+    if constraints:
+        check_constraints(contract, expression_env(bound_axes, bound_params), where)
+    return Binding(bound_axes, bound_params, torch_dtype(dtype), device, seed)
 
 
-def spec_shape(spec: TensorSpec, axes: Mapping[str, int], name: str) -> tuple[int, ...]:
+def spec_shape(spec: TensorSpec, binding: "Binding", name: str) -> tuple[int, ...]:
+    axes = expression_env(binding.axes, binding.params)
     shape = []
     for entry in spec.shape:
         try:
@@ -118,7 +137,7 @@ def check_tensors(specs: Mapping[str, TensorSpec], tensors: Mapping[str, Any], b
         tensor = tensors[name]
         if not isinstance(tensor, torch.Tensor):
             raise ContractError(f"{what}: {name!r} is {type(tensor).__name__}, not a tensor")
-        shape, dtype = spec_shape(spec, binding.axes, name), spec_dtype(spec, binding.dtype)
+        shape, dtype = spec_shape(spec, binding, name), spec_dtype(spec, binding.dtype)
         if tuple(tensor.shape) != shape:
             raise ContractError(f"{what}: {name!r} has shape {tuple(tensor.shape)}, declared {shape} ({spec.shape})")
         if tensor.dtype != dtype:
@@ -160,7 +179,7 @@ def allocate_outputs(loaded: LoadedContract, binding: Binding, pattern: int) -> 
     for name, spec in loaded.contract.outputs.items():
         if spec.aliases is not None:
             continue
-        shape, dtype = spec_shape(spec, binding.axes, name), spec_dtype(spec, binding.dtype)
+        shape, dtype = spec_shape(spec, binding, name), spec_dtype(spec, binding.dtype)
         outputs[name] = fill(torch.empty(shape, dtype=dtype, device=binding.device), pattern)
     return outputs
 

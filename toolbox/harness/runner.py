@@ -9,7 +9,7 @@ from typing import Any
 
 from toolbox.harness.discovery import DEVICES, Declared, engine_implementations
 from toolbox.harness.isolation import Job, run_job_inline, run_job_isolated
-from toolbox.harness.loading import LoadedContract, contract_paths, import_function, load_contract
+from toolbox.harness.loading import DEFAULT_CONTRACTS_DIR, LoadedContract, contract_paths, import_function, load_contract
 from toolbox.harness.outcome import Outcome
 from toolbox.harness.records import Record, environment
 from toolbox.harness.statuses import ContractError, Status, UsageError
@@ -93,8 +93,8 @@ def make_plan(contracts, impl, engine, devices, cases, contracts_dir) -> list[Pl
         targets = declared
         known = {loaded.id for loaded in loaded_list}
         plan += [
-            Record(contract_id, "", entry.impl, ALL_CASES, "case", "", "", {}, Status.RUNTIME_ERROR,
-                   f"{engine} declares an implementation of {contract_id}, which is not a known contract")
+            Record(contract_id, "", entry.impl, ALL_CASES, "case", "", "", {}, Status.SKIPPED,
+                   f"no contract {contract_id} in {contracts_dir or DEFAULT_CONTRACTS_DIR} ({engine} declares an implementation of it)")
             for contract_id, entries in sorted(declared.items()) if not specs and contract_id not in known
             for entry in entries
         ]
