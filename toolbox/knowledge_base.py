@@ -221,3 +221,11 @@ def skills_by_name(skills: list[SkillDocument]) -> dict[str, SkillDocument]:
         if skill.frontmatter is not None:
             result.setdefault(skill.name, skill)
     return result
+
+
+def default_root() -> Path:
+    """The repository around the cwd, else the one this package was installed from (editable install)."""
+    try:
+        return find_repo_root()
+    except RepositoryNotFound:
+        return find_repo_root(Path(__file__).resolve().parent)

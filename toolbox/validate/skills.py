@@ -7,6 +7,8 @@ from toolbox.knowledge_base import SkillDocument
 from toolbox.validate.markdown import body_line_count, headings, version_entry_lines
 
 MAX_BODY_LINES = 500
+# Domains whose skills describe operations; such a skill without a contract is unverifiable.
+OPERATION_DOMAINS = ("attention", "linear-attention", "moe", "quantization", "kv-cache", "sampling", "norms-and-activations")
 
 
 def check_skill(skill: SkillDocument) -> list[Finding]:
@@ -24,6 +26,10 @@ def check_skill(skill: SkillDocument) -> list[Finding]:
         findings.append(Finding(display, lines.line_of(("metadata", "domain")), "metadata.domain", "error",
                                 f"domain `{domain}` differs from the folder `knowledge/{skill.domain_folder}/`",
                                 f"move the skill to knowledge/{domain}/ or set `domain: {skill.domain_folder}`"))
+    if domain in OPERATION_DOMAINS and not frontmatter.metadata.contract_ids():
+        findings.append(Finding(display, lines.line_of(("metadata",)), "metadata.contracts", "warning",
+                                f"a `{domain}` skill names no contract, so no implementation can be checked against it",
+                                "create one with `toolbox new contract DOMAIN/NAME --skill " + frontmatter.name + "`"))
     findings += _body_findings(skill)
     if not any(f.is_error for f in findings):
         findings += skills_ref_findings(skill)

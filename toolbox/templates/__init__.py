@@ -1,0 +1,1 @@
+"""Templates for `toolbox new` and the small text edits that keep cross references two-way."""
