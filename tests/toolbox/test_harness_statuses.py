@@ -1,0 +1,133 @@
+"""Every known-wrong fixture implementation gets its one exact status; the correct ones pass."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fixture_impls  # noqa: E402
+
+from toolbox.harness.isolation import Job, run_job_inline, run_job_isolated  # noqa: E402
+from toolbox.harness.statuses import Status  # noqa: E402
+
+DEMO = Path(__file__).resolve().parent / "fixtures" / "contracts" / "demo"
+IMPLS = fixture_impls.__name__
+
+
+def job(contract: str, impl: str, name: str, kind: str = "case") -> Job:
+    return Job(str(DEMO / f"{contract}.yaml"), f"{IMPLS}:{impl}", kind, name, "cpu")
+
+
+AXPBY_CASES = ["small-f32", "wide-bf16"]
+
+
+@pytest.mark.parametrize("case", AXPBY_CASES)
+@pytest.mark.parametrize(
+    ("impl", "status", "fragment"),
+    [
+        ("axpby", Status.PASSED, ""),
+        ("axpby_resizes_out", Status.INCORRECT_SHAPE, "out: shape"),
+        ("axpby_float64_out", Status.INCORRECT_DTYPE, "dtype float64"),
+        ("axpby_tiled_missing_last", Status.UNWRITTEN_OUTPUT, "out: 16 of"),
+        ("axpby_skips_one_id", Status.UNWRITTEN_OUTPUT, "ids_out: 1 of"),
+        ("axpby_returns_instead", Status.UNWRITTEN_OUTPUT, "returned a value"),
+        ("axpby_raises", Status.RUNTIME_ERROR, "RuntimeError: kernel launch failed"),
+        ("axpby_nan", Status.INCORRECT_NUMERICAL, "NaN/Inf at 1 positions"),
+        ("axpby_noisy", Status.INCORRECT_NUMERICAL, "rel_fro"),
+        ("axpby_wrong_id", Status.INCORRECT_NUMERICAL, "ids_out: 1 of"),
+        ("axpby_mutates_x", Status.INCORRECT_NUMERICAL, "mutated input x"),
+    ],
+)
+def test_axpby_statuses(impl: str, status: Status, fragment: str, case: str) -> None:
+    outcome = run_job_inline(job("axpby", impl, case))
+    assert outcome.status == status, outcome.message
+    assert fragment in outcome.message
+    assert outcome.axes["N"] > 0 and outcome.dtype in ("float32", "bfloat16")
+
+
+def test_passing_case_records_errors_per_output() -> None:
+    outcome = run_job_inline(job("axpby", "axpby", "wide-bf16"))
+    assert set(outcome.max_abs_error) == {"out", "ids_out"}
+    assert outcome.max_abs_error["ids_out"] == 0.0
+    assert 0 < outcome.max_abs_error["out"] < 0.1  # bf16 rounding is visible, not hidden
+    assert 0 < outcome.max_rel_error["out"] < 5e-3
+
+
+@pytest.mark.parametrize(
+    ("impl", "status", "fragment"),
+    [
+        ("axpby", Status.PASSED, "ValueError"),
+        ("axpby_no_check", Status.MISSING_ERROR, "did not raise"),
+        ("axpby_wrong_exception", Status.MISSING_ERROR, "raised KeyError"),
+    ],
+)
+def test_error_case(impl: str, status: Status, fragment: str) -> None:
+    outcome = run_job_inline(job("axpby", impl, "length-mismatch", kind="error"))
+    assert outcome.status == status, outcome.message
+    assert fragment in outcome.message
+
+
+@pytest.mark.parametrize(
+    ("impl", "status", "fragment"),
+    [
+        ("softmax_inplace", Status.PASSED, ""),
+        ("softmax_inplace_scaled", Status.INCORRECT_NUMERICAL, "invariant rows_sum_to_one"),
+        ("softmax_inplace_reshapes", Status.INCORRECT_SHAPE, "probs: shape"),
+        ("softmax_not_in_place", Status.INCORRECT_NUMERICAL, "max_abs"),
+        ("softmax_mutates_temperature", Status.INCORRECT_NUMERICAL, "mutated input temperature"),
+    ],
+)
+@pytest.mark.parametrize("case", ["rows", "rows-allclose"])
+def test_aliased_in_place(impl: str, status: Status, fragment: str, case: str) -> None:
+    outcome = run_job_inline(job("softmax-inplace", impl, case))
+    assert outcome.status == status, outcome.message
+    assert fragment in outcome.message
+
+
+@pytest.mark.parametrize(
+    ("impl", "status", "fragment"),
+    [
+        ("sort_values", Status.PASSED, "elements"),
+        ("sort_descending", Status.INCORRECT_NUMERICAL, "not sorted"),
+        ("sort_raises", Status.RUNTIME_ERROR, "TypeError"),
+    ],
+)
+def test_custom_interface(impl: str, status: Status, fragment: str) -> None:
+    for case in ("hundred", "small"):
+        outcome = run_job_inline(job("sort-custom", impl, case))
+        assert outcome.status == status, outcome.message
+        assert fragment in outcome.message
+
+
+@pytest.mark.parametrize(
+    ("case", "fragment"),
+    [
+        ("violates-constraint", "violates constraint 'N % 4 == 0'"),
+        ("unbound-axis", "leaves axes M unbound"),
+        ("wrong-input-shape", "make_inputs: 'x' has shape (13,), declared (12,)"),
+    ],
+)
+def test_contract_bugs_are_runtime_errors_naming_the_bug(case: str, fragment: str) -> None:
+    outcome = run_job_inline(job("buggy", "double", case))
+    assert outcome.status == Status.RUNTIME_ERROR
+    assert "contract bug in demo/buggy" in outcome.message and fragment in outcome.message
+
+
+def test_isolated_raise_crash_and_hang() -> None:
+    raised = run_job_isolated(job("axpby", "axpby_raises", "small-f32"), timeout_s=20)
+    assert raised.status == Status.RUNTIME_ERROR and "RuntimeError: kernel launch failed" in raised.message
+    crashed = run_job_isolated(job("axpby", "axpby_exits", "small-f32"), timeout_s=20)
+    assert crashed.status == Status.RUNTIME_ERROR and "exited with code 3" in crashed.message
+    hung = run_job_isolated(job("axpby", "axpby_hangs", "small-f32"), timeout_s=1.0)
+    assert hung.status == Status.TIMEOUT
+    passed = run_job_isolated(job("axpby", "axpby", "small-f32"), timeout_s=20)
+    assert passed.status == Status.PASSED, passed.message
+
+
+def test_isolated_bad_import_is_a_runtime_error() -> None:
+    outcome = run_job_isolated(Job(str(DEMO / "axpby.yaml"), f"{IMPLS}:no_such_function", "case", "small-f32", "cpu"), timeout_s=20)
+    assert outcome.status == Status.RUNTIME_ERROR and "no_such_function" in outcome.message
