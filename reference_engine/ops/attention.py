@@ -60,10 +60,15 @@ def partial_rope(x: torch.Tensor, positions: torch.Tensor, out: torch.Tensor, ro
 
 
 @satisfies("attention/q-gate-split", major=1)
-def split_q_gate(q_proj_out: torch.Tensor, query: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """[T, H*2D] with head h at columns [h*2D, h*2D+D) (query) and [h*2D+D, (h+1)*2D) (gate) -> query [T, H, D], gate [T, H*D]."""
+def split_q_gate(q_proj_out: torch.Tensor, query: torch.Tensor, gate: torch.Tensor, head_dim: int | None = None) -> torch.Tensor:
+    """[T, H*2D] with head h at columns [h*2D, h*2D+D) (query) and [h*2D+D, (h+1)*2D) (gate) -> query [T, H, D], gate [T, H*D].
+
+    `head_dim`, when given, must equal query's last dim (the contract passes it; the model need not).
+    """
     _require(query.dim() == 3, f"query must be [T, heads, head_dim], got shape {tuple(query.shape)}")
-    tokens, heads, head_dim = query.shape
+    tokens, heads, query_head_dim = query.shape
+    _require(head_dim is None or head_dim == query_head_dim, f"head_dim {head_dim} differs from query's last dim {query_head_dim}")
+    head_dim = query_head_dim
     _check_like("q_proj_out", q_proj_out, (tokens, heads * 2 * head_dim), query.dtype, query.device)
     _check_like("gate", gate, (tokens, heads * head_dim), query.dtype, query.device)
     per_head = q_proj_out.view(tokens, heads, 2, head_dim)  # [T, H, 2, D]

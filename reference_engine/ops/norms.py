@@ -44,8 +44,9 @@ def _normalise(x32: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @satisfies("norms-and-activations/rmsnorm", major=1)
+@satisfies("attention/qk-norm", major=1)
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """out = x * rsqrt(mean(x^2, -1) + eps) * (1 + weight), in float32, over the last dim of x [..., D]."""
+    """out = x * rsqrt(mean(x^2, -1) + eps) * (1 + weight), in float32, over the last dim of x [..., D] (also q_norm/k_norm on [T, H, D])."""
     _check_norm_inputs(x, weight, eps)
     _check_same("out", out, x, "x")
     out.copy_(_normalise(x.float(), eps) * (1.0 + weight.float()))
