@@ -30,6 +30,7 @@ MAX_NODES = 50_000
 MAX_DEPTH = 50
 KeyPath = tuple[Any, ...]
 _LEADING_TAB = re.compile(r"^ *\t")
+_PLAIN_COLLECTION_TAGS = ("tag:yaml.org,2002:seq", "tag:yaml.org,2002:map")
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,9 @@ class _Builder:
             raise _Refused(node.start_mark.line + 1, "", f"document too large: {limit}", "keep documents small")
         if isinstance(node, yaml.ScalarNode):
             return self.loader.construct_object(node)
+        if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)) and node.tag not in _PLAIN_COLLECTION_TAGS:
+            raise _Refused(node.start_mark.line + 1, "", f"YAML tag {node.tag!r} is not allowed",
+                           "remove the tag; these documents hold plain maps, lists and scalars")
         if isinstance(node, yaml.SequenceNode):
             items = []
             for index, item in enumerate(node.value):

@@ -29,7 +29,7 @@ def check_references(skills: list[SkillDocument], contracts: list[ContractDocume
                                         f"create contracts/{contract_id}.yaml or remove the id")))
                 continue
             target = valid_contracts.get(contract_id)
-            if target is not None and skill.name not in target.contract.skills:  # type: ignore[union-attr]
+            if target is not None and not {skill.name, skill.folder} & set(target.contract.skills):  # type: ignore[union-attr]
                 findings.append(Finding(skill.display, line_contracts, "metadata.contracts", "error",
                                         f"contract `{contract_id}` does not list skill `{skill.name}` in its `skills:`",
                                         f"add `{skill.name}` to `skills:` in {target.display}, or drop the id here"))
@@ -55,7 +55,7 @@ def check_references(skills: list[SkillDocument], contracts: list[ContractDocume
                                                  "or fix the name")))
                 continue
             target = valid_skills.get(name)
-            if target is not None and document.id not in target.frontmatter.metadata.contract_ids():  # type: ignore[union-attr]
+            if target is not None and not {document.id, document.path_id} & set(target.frontmatter.metadata.contract_ids()):  # type: ignore[union-attr]
                 findings.append(Finding(document.display, line, f"skills[{index}]", "error",
                                         f"skill `{name}` does not list contract `{document.id}` in its metadata.contracts",
                                         f"add `{document.id}` to `contracts:` in {target.display}, or drop the skill here"))

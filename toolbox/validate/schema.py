@@ -80,6 +80,8 @@ def _one(item: dict[str, Any], location: tuple, model: type[BaseModel], document
         hint = _value_error_hint(message)
     else:
         message = f"{message}; got {_short(given)}" if given is not None and not isinstance(given, dict) else message
+    if not hint:
+        hint = f"see `{field}` in contracts/schema/{'skill-frontmatter' if kind == 'skill' else 'contract'}.schema.json"
     return Finding(display, document.line_of(location), field, "error", message, hint)
 
 
