@@ -9,9 +9,7 @@ result records) so tests can assert that a known-wrong implementation gets the s
 
 from __future__ import annotations
 
-import copy
 import importlib.util
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -89,6 +87,24 @@ def make_case_inputs(loaded: LoadedContract, case: Case | ErrorCase, device: str
     make = getattr(loaded.module, contract.make_inputs)
     inputs = make(axes, dict(params), dtype_of(case.dtype), device, generator)
     return axes, params, inputs
+
+
+_PREPARED: dict[tuple[str, str, str], tuple[dict, dict, dict, dict]] = {}
+
+
+def prepared(loaded: LoadedContract, case: Case, device: str = "cpu") -> tuple[dict, dict, dict, dict]:
+    """(axes, params, inputs, expected) for a case, memoised: the float64 reference runs once per case.
+
+    Callers get fresh clones of the inputs each time, so an implementation that writes its inputs
+    cannot spoil later runs.
+    """
+    key = (loaded.contract.id, case.name, device)
+    if key not in _PREPARED:
+        axes, params, inputs = make_case_inputs(loaded, case, device)
+        expected = getattr(loaded.module, loaded.contract.reference)(**{k: v.cpu().clone() for k, v in inputs.items()}, **params)
+        _PREPARED[key] = (axes, params, inputs, expected)
+    axes, params, inputs, expected = _PREPARED[key]
+    return dict(axes), dict(params), {k: v.clone() for k, v in inputs.items()}, expected
 
 
 def expected_shape(contract: Contract, spec, axes: dict[str, int]) -> tuple[int, ...]:
@@ -170,8 +186,7 @@ def run_case(loaded: LoadedContract, impl: Callable, case: Case, device: str = "
         except Exception as error:  # noqa: BLE001 - any crash of the implementation is its own status
             return Outcome("RUNTIME_ERROR", f"{type(error).__name__}: {error}")
         return Outcome("PASSED", str(report.get("message", "")))
-    axes, params, inputs = make_case_inputs(loaded, case, device)
-    expected = getattr(loaded.module, contract.reference)(**copy.deepcopy({k: v.cpu() for k, v in inputs.items()}), **params)
+    axes, params, inputs, expected = prepared(loaded, case, device)
     integer_outputs = any(not expected_dtype(s, case.dtype).is_floating_point for s in contract.outputs.values())
     results = []
     for fill_index in range(2 if integer_outputs else 1):
@@ -209,12 +224,8 @@ def run_error_case(loaded: LoadedContract, impl: Callable, error_case: ErrorCase
             dtype = expected_dtype(spec, error_case.dtype)
             outputs[name] = torch.full(expected_shape(contract, spec, axes), float("nan") if dtype.is_floating_point else -7, dtype=dtype, device=device)
     expected = tuple(getattr(__import__("builtins"), name) for name in error_case.raises)
-    if contract.interface == "custom":
-        call = lambda: impl(**inputs, **outputs, **params)  # noqa: E731
-    else:
-        call = lambda: impl(**inputs, **outputs, **params)  # noqa: E731
     try:
-        call()
+        impl(**inputs, **outputs, **params)
     except expected as error:
         return Outcome("PASSED", f"{type(error).__name__}: {error}")
     except Exception as error:  # noqa: BLE001
@@ -224,8 +235,7 @@ def run_error_case(loaded: LoadedContract, impl: Callable, error_case: ErrorCase
 
 def perturbed(loaded: LoadedContract, case: Case, relative_noise: float = 0.01, seed: int = 1234) -> Outcome:
     """Judge the reference's own output with 1% relative Gaussian noise (floats) or one element changed (integers)."""
-    axes, params, inputs = make_case_inputs(loaded, case)
-    expected = getattr(loaded.module, loaded.contract.reference)(**inputs, **params)
+    axes, params, inputs, expected = prepared(loaded, case)
     generator = torch.Generator().manual_seed(seed)
     noisy = {}
     for name, spec in loaded.contract.outputs.items():
@@ -243,11 +253,7 @@ def perturbed(loaded: LoadedContract, case: Case, relative_noise: float = 0.01, 
 
 def rounded_reference(loaded: LoadedContract, case: Case) -> Outcome:
     """Judge the reference's output rounded to the output dtypes: the floor any implementation pays."""
-    axes, params, inputs = make_case_inputs(loaded, case)
-    expected = getattr(loaded.module, loaded.contract.reference)(**inputs, **params)
+    axes, params, inputs, expected = prepared(loaded, case)
     rounded = {name: expected[name].to(expected_dtype(spec, case.dtype)) for name, spec in loaded.contract.outputs.items()}
     return compare(loaded, case, axes, rounded, expected)
 
-
-def noise_floor_bound(count: int) -> float:  # helper for tests that print margins
-    return 1.0 / math.sqrt(max(count, 1))
