@@ -144,6 +144,7 @@ def token_permute(
     permuted_x: torch.Tensor,  # [T * top_k, H]
     expert_offsets: torch.Tensor,  # [E + 1] int32
     source_rows: torch.Tensor,  # [T * top_k] int32
+    num_experts: int,
 ) -> None:
     """Group token copies by expert (stable); record where each permuted row came from."""
     _require(x.dim() == 2, f"x must be [T, H], got shape {tuple(x.shape)}")
@@ -151,8 +152,7 @@ def token_permute(
     _require(topk_ids.dim() == 2 and topk_ids.shape[0] == num_tokens, f"topk_ids must be [T={num_tokens}, top_k], got {tuple(topk_ids.shape)}")
     _require(topk_ids.dtype == torch.int32, f"topk_ids must be int32, got {topk_ids.dtype}")
     top_k = topk_ids.shape[1]
-    _require(expert_offsets.dim() == 1 and expert_offsets.shape[0] >= 2, f"expert_offsets must be [E + 1], got {tuple(expert_offsets.shape)}")
-    num_experts = expert_offsets.shape[0] - 1
+    _require(isinstance(num_experts, int) and num_experts >= 1, f"num_experts must be a positive integer, got {num_experts!r}")
     _check_out(expert_offsets, (num_experts + 1,), torch.int32, "expert_offsets")
     _check_out(permuted_x, (num_tokens * top_k, hidden), x.dtype, "permuted_x")
     _check_out(source_rows, (num_tokens * top_k,), torch.int32, "source_rows")
