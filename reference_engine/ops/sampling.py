@@ -1,0 +1,94 @@
+"""Token sampling in plain torch: greedy, temperature, top-k, top-p, reproducible per-row seeds.
+
+Semantics (contracts sampling/greedy and sampling/stochastic):
+- temperature 0 -> argmax of the logits, ties to the lowest token id; top_k/top_p ignored.
+- otherwise logits / temperature, then top-k (k <= 0 or k >= V: disabled), then top-p over the
+  renormalised top-k distribution (p >= 1: disabled): the smallest prefix of tokens sorted by
+  probability descending, ties lower id first, whose mass reaches top_p (at least one token).
+- One uniform number per row comes from a counter-based hash of the row's seed (splitmix64 in
+  int64 tensor arithmetic), so the same seed gives the same token on any batch composition and
+  any device, with no generator state; the token is the inverse CDF of the filtered distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference_engine.ops.registry import satisfies
+
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # splitmix64 constants as signed int64
+_MIX_1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX_2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def _shift_right_logical(x: torch.Tensor, bits: int) -> torch.Tensor:
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def uniform_from_seeds(seeds: torch.Tensor) -> torch.Tensor:
+    """One float64 uniform in [0, 1 - 2^-24] per int64 seed (splitmix64; int64 products wrap)."""
+    z = seeds.to(torch.int64) + _GOLDEN
+    z = (z ^ _shift_right_logical(z, 30)) * _MIX_1
+    z = (z ^ _shift_right_logical(z, 27)) * _MIX_2
+    z = z ^ _shift_right_logical(z, 31)
+    return _shift_right_logical(z, 40).to(torch.float64) * (2.0**-24)
+
+
+def _check(logits, temperature, top_k, top_p, seeds, out) -> None:
+    def require(condition: bool, message: str) -> None:
+        if not condition:
+            raise ValueError(message)
+
+    require(logits.dim() == 2 and logits.shape[1] >= 1, f"logits must be [batch, vocab], got shape {tuple(logits.shape)}")
+    require(logits.is_floating_point(), f"logits must be floating, got {logits.dtype}")
+    batch = logits.shape[0]
+    for name, tensor, kinds in (
+        ("temperature", temperature, (torch.float32, torch.float64)),
+        ("top_k", top_k, (torch.int32, torch.int64)),
+        ("top_p", top_p, (torch.float32, torch.float64)),
+        ("seeds", seeds, (torch.int64,)),
+        ("out", out, (torch.int64,)),
+    ):
+        require(tuple(tensor.shape) == (batch,), f"{name} must have shape ({batch},), got {tuple(tensor.shape)}")
+        require(tensor.dtype in kinds, f"{name} must be {' or '.join(str(k) for k in kinds)}, got {tensor.dtype}")
+        require(tensor.device == logits.device, f"{name} is on {tensor.device}, logits on {logits.device}")
+    require(not bool((temperature < 0).any()) and not bool(torch.isnan(temperature).any()), "temperature must be >= 0 (0 means greedy)")
+    require(bool(((top_p > 0) & (top_p <= 1)).all()), "top_p must lie in (0, 1] (1 disables it)")
+
+
+@satisfies("sampling/greedy", major=1)
+@satisfies("sampling/stochastic", major=1)
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seeds: torch.Tensor,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """out[b] = a token drawn from row b of logits [B, V] under its temperature/top_k/top_p, reproducible by seeds[b]."""
+    _check(logits, temperature, top_k, top_p, seeds, out)
+    batch, vocab = logits.shape
+    logits32 = logits.float()
+    greedy = temperature == 0  # [B]
+    greedy_tokens = logits32.argmax(dim=-1)  # first maximum: ties go to the lowest id
+    if bool(greedy.all()):
+        out.copy_(greedy_tokens)
+        return out
+    safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    scaled = logits32 / safe_temperature[:, None]  # [B, V]
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # ties: lower id first
+    ranks = torch.arange(vocab, device=logits.device)[None, :]
+    k = top_k.long()
+    k = torch.where((k <= 0) | (k >= vocab), torch.full_like(k, vocab), k)
+    sorted_logits = sorted_logits.masked_fill(ranks >= k[:, None], float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1).double()  # [B, V], sorted descending
+    mass_before = probs.cumsum(dim=-1) - probs
+    keep = (mass_before < top_p.double()[:, None]) | (top_p >= 1)[:, None]
+    keep[:, 0] = True
+    cdf = (probs * keep).cumsum(dim=-1)  # [B, V]
+    target = uniform_from_seeds(seeds) * cdf[:, -1]  # strictly below the total mass
+    index = torch.searchsorted(cdf, target[:, None], right=True).clamp(max=vocab - 1)  # first index with cdf > target
+    sampled = order.gather(1, index).squeeze(1)
+    out.copy_(torch.where(greedy, greedy_tokens, sampled))
+    return out
