@@ -1,0 +1,132 @@
+"""The step loop: requests in, one scheduler plan and one model step per `step()`, outputs out.
+
+Stop conditions, checked after every sampled token: a stop token of the request or an
+end-of-sequence token (unless `ignore_eos`), both only once `min_tokens` tokens exist (before
+that they are masked out of sampling), and `max_tokens`.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from reference_engine.config import EngineConfig
+from reference_engine.outputs import CompletionOutput, RequestOutput
+from reference_engine.runner import ModelRunner
+from reference_engine.sampler import SamplingRow
+from reference_engine.sampling_params import SamplingParams
+from reference_engine.scheduler import Scheduler
+from reference_engine.sequence import Sequence, SequenceStatus
+
+
+def default_num_blocks(model, config: EngineConfig) -> int:
+    """Enough blocks for max_num_seqs sequences of max_model_len tokens, fewer when device memory is short.
+
+    More would never be used: admission reserves each request's worst case and at most
+    max_num_seqs requests run at once.
+    """
+    per_sequence = -(-config.max_model_len // config.block_size)
+    wanted = config.max_num_seqs * per_sequence
+    device = torch.device(model.device)
+    if device.type != "cuda":
+        return wanted
+    from reference_engine.cache.tensors import ModelCaches
+
+    free, total = torch.cuda.mem_get_info(device)
+    budget = int(total * config.gpu_memory_utilization) - (total - free)
+    budget -= config.max_num_seqs * ModelCaches.bytes_per_state_slot(model.config, model.dtype)
+    budget -= config.max_num_batched_tokens * model.config.hidden_size * 64 + config.max_num_seqs * model.config.vocab_size * 8
+    affordable = budget // ModelCaches.bytes_per_block(model.config, config.block_size, model.dtype)
+    if affordable < per_sequence:
+        raise ValueError(
+            f"not enough device memory for one sequence of max_model_len={config.max_model_len}: "
+            f"{max(budget, 0) / 1e9:.2f} GB left for the KV cache; lower max_model_len or max_num_seqs"
+        )
+    return int(min(wanted, affordable))
+
+
+class LLMEngine:
+    def __init__(self, model, tokenizer, config: EngineConfig) -> None:
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        num_blocks = config.num_blocks if config.num_blocks is not None else default_num_blocks(model, config)
+        self.runner = ModelRunner(model, config, num_blocks)
+        self.scheduler = Scheduler(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=config.max_model_len,
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+        )
+        self.eos_token_ids = tuple(getattr(tokenizer, "eos_token_ids", ()) or model.config.eos_token_ids)
+        self._seed_generator = torch.Generator().manual_seed(config.seed)  # seeds of unseeded requests
+        self._ids = itertools.count()
+
+    # Requests --------------------------------------------------------------------------------
+    def add_request(self, request_id: str | None = None, prompt: str | None = None, params: SamplingParams | None = None,
+                    prompt_token_ids: list[int] | None = None) -> str:
+        params = params or SamplingParams()
+        if (prompt is None) == (prompt_token_ids is None):
+            raise ValueError("give exactly one of prompt (text) and prompt_token_ids")
+        ids = tuple(self.tokenizer.encode(prompt)) if prompt is not None else tuple(int(i) for i in prompt_token_ids)
+        vocab_size = self.model.config.vocab_size
+        if any(not 0 <= i < vocab_size for i in ids):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab_size}), got {[i for i in ids if not 0 <= i < vocab_size][:5]}")
+        request_id = str(next(self._ids)) if request_id is None else str(request_id)
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_generator))
+        self.scheduler.add(Sequence(request_id, ids, params, seed=seed, prompt=prompt))
+        return request_id
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def abort(self, request_id: str) -> RequestOutput:
+        """Stop a request now; its blocks and state slot return to the pools. Returns its final output."""
+        return self._output(self.scheduler.abort(str(request_id)))
+
+    # Steps -----------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One model step; returns the outputs of the requests that produced a token (finished ones included)."""
+        plan = self.scheduler.schedule()
+        if not plan.chunks:
+            if self.scheduler.has_unfinished():
+                raise RuntimeError("the scheduler planned nothing although requests are waiting (a scheduling bug)")
+            return []
+        sampled = [self.scheduler.get(chunk.request_id) for chunk in plan.chunks if chunk.samples]
+        tokens, logprobs = self.runner.execute(plan, [self._row(seq) for seq in sampled])
+        self.scheduler.commit(plan)
+        outputs = []
+        for seq, token, logprob in zip(sampled, tokens, logprobs):
+            seq.output_token_ids.append(int(token))
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            reason = seq.stop_reason_after(int(token), self.eos_token_ids)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+            outputs.append(self._output(seq))
+        return outputs
+
+    def _row(self, seq: Sequence) -> SamplingRow:
+        params = seq.params
+        banned: tuple[int, ...] = ()
+        if len(seq.output_token_ids) < params.min_tokens:
+            banned = tuple(params.stop_token_ids or ()) + (() if params.ignore_eos else self.eos_token_ids)
+        return SamplingRow(
+            temperature=float(params.temperature),
+            top_k=params.top_k_or_disabled,
+            top_p=float(params.top_p),
+            seed=(seq.seed + len(seq.output_token_ids)) % 2**63,
+            banned_token_ids=banned,
+            num_logprobs=params.logprobs,
+        )
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        completion = CompletionOutput(
+            index=0,
+            text=self.tokenizer.decode(seq.output_token_ids),
+            token_ids=tuple(seq.output_token_ids),
+            finish_reason=seq.finish_reason if seq.status is SequenceStatus.FINISHED else None,
+            logprobs=tuple(seq.logprobs) if seq.params.logprobs is not None else None,
+            stop_reason=seq.stop_reason if seq.finish_reason == "stop" else None,
+        )
+        return RequestOutput(seq.request_id, seq.prompt, seq.prompt_token_ids, [completion])

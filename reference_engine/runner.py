@@ -1,0 +1,89 @@
+"""The model runner: the only owner of device tensors (caches, step buffers); turns a scheduler plan into a step.
+
+Per step it fills preallocated buffers (sized for `max_num_batched_tokens` tokens and
+`max_num_seqs` sequences) with the plan's integers, calls `model.forward`, and samples the rows
+whose chunk reaches the end of its known tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference_engine.cache.tensors import ModelCaches
+from reference_engine.config import EngineConfig
+from reference_engine.forward_batch import ForwardBatch
+from reference_engine.sampler import Sampler, SamplingRow
+from reference_engine.scheduler import SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(self, model, config: EngineConfig, num_blocks: int) -> None:
+        self.model = model
+        self.config = config
+        self.device = torch.device(model.device)
+        self.caches = ModelCaches.allocate(
+            model.config, num_blocks, config.block_size, config.max_num_seqs, device=self.device, dtype=model.dtype
+        )
+        tokens, seqs = config.max_num_batched_tokens, config.max_num_seqs
+        self._input_ids = torch.zeros(tokens, dtype=torch.int64, device=self.device)  # [T_max]
+        self._positions = torch.zeros(tokens, dtype=torch.int64, device=self.device)  # [T_max]
+        self._slot_mapping = torch.zeros(tokens, dtype=torch.int64, device=self.device)  # [T_max]
+        self._cu_seqlens = torch.zeros(seqs + 1, dtype=torch.int32, device=self.device)  # [B_max + 1]
+        self._seq_lens = torch.zeros(seqs, dtype=torch.int32, device=self.device)  # [B_max]
+        self._state_slots = torch.zeros(seqs, dtype=torch.int64, device=self.device)  # [B_max]
+        self._has_initial_state = torch.zeros(seqs, dtype=torch.bool, device=self.device)  # [B_max]
+        self.sampler = Sampler(self.device, seqs)
+
+    def _fill(self, buffer: torch.Tensor, values: list) -> torch.Tensor:
+        view = buffer[: len(values)]
+        view.copy_(torch.tensor(values, dtype=buffer.dtype), non_blocking=True)
+        return view
+
+    def prepare(self, plan: SchedulerOutput) -> ForwardBatch:
+        chunks = plan.chunks
+        if not chunks:
+            raise ValueError("the plan schedules no tokens")
+        if plan.num_tokens > self._input_ids.shape[0] or len(chunks) > self._seq_lens.shape[0]:
+            raise ValueError(f"the plan ({plan.num_tokens} tokens, {len(chunks)} sequences) exceeds the runner's buffers")
+        input_ids, positions, slots, cu_seqlens, logits_indices = [], [], [], [0], []
+        for chunk in chunks:
+            input_ids.extend(chunk.token_ids)
+            positions.extend(range(chunk.start, chunk.seq_len))
+            slots.extend(chunk.slot_mapping)
+            cu_seqlens.append(cu_seqlens[-1] + len(chunk.token_ids))
+            if chunk.samples:
+                logits_indices.append(cu_seqlens[-1] - 1)
+        width = max(len(chunk.block_table) for chunk in chunks)
+        tables = [list(chunk.block_table) + [-1] * (width - len(chunk.block_table)) for chunk in chunks]
+        return ForwardBatch(
+            input_ids=self._fill(self._input_ids, input_ids),  # [T]
+            positions=self._fill(self._positions, positions),  # [T]
+            cu_seqlens_q=self._fill(self._cu_seqlens, cu_seqlens),  # [B + 1]
+            seq_lens=self._fill(self._seq_lens, [chunk.seq_len for chunk in chunks]),  # [B]
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=self.device),  # [B, max_blocks]
+            slot_mapping=self._fill(self._slot_mapping, slots),  # [T]
+            state_slots=self._fill(self._state_slots, [chunk.state_slot for chunk in chunks]),  # [B]
+            has_initial_state=self._fill(self._has_initial_state, [chunk.has_initial_state for chunk in chunks]),  # [B]
+            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=self.device),  # [S]
+            is_decode=plan.is_decode,
+        )
+
+    def copy_blocks(self, copies: tuple[tuple[int, int], ...]) -> None:
+        """Copy-on-write: copy whole KV blocks (src -> dst) in every attention layer."""
+        if not copies:
+            return
+        source = torch.tensor([s for s, _ in copies], dtype=torch.int64, device=self.device)
+        destination = torch.tensor([d for _, d in copies], dtype=torch.int64, device=self.device)
+        for layer in self.caches.k_cache:
+            self.caches.k_cache[layer].index_copy_(0, destination, self.caches.k_cache[layer].index_select(0, source))
+            self.caches.v_cache[layer].index_copy_(0, destination, self.caches.v_cache[layer].index_select(0, source))
+
+    @torch.inference_mode()
+    def execute(self, plan: SchedulerOutput, rows: list[SamplingRow]) -> tuple[list[int], list[dict[int, float] | None]]:
+        """Run one step; `rows` holds the sampling settings of the sampled chunks, in plan order."""
+        if len(rows) != sum(chunk.samples for chunk in plan.chunks):
+            raise ValueError(f"{len(rows)} sampling rows for {sum(c.samples for c in plan.chunks)} sampled chunks")
+        self.copy_blocks(plan.block_copies)
+        batch = self.prepare(plan)
+        logits = self.model.forward(batch, self.caches)  # [S, V] float32
+        return self.sampler(logits, rows)
