@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from tests.contracts.contract_driver import (
+from contract_driver import (
     LoadedContract,
     Outcome,
     compare,
