@@ -77,6 +77,8 @@ EXPECTED: dict[str, tuple[str, int | None, str, str, str]] = {
     "contract-case-missing-axis": (COPY, 34, "cases[0].axes", "gives no value for variable axis `T`", "error"),
     "contract-case-violates-constraint": (COPY, 32, "cases[0]", "violates constraint `H % 16 == 0` (H=24)", "error"),
     "contract-bad-expression": (COPY, 25, "constraints[0]", "bad expression", "error"),
+    "contract-constraint-uses-param": (COPY, 31, "constraints[1]", "names param `scale`; it is evaluated with axis values only",
+                                       "error"),
     "contract-not-a-mapping": (COPY, 1, "(document)", "not a mapping", "error"),
 }
 DELETIONS = {"contract-missing-python": [COPY_PY]}

@@ -84,7 +84,10 @@ def _axis_findings(contract: Contract, add) -> None:
             add(path, field, f"bad expression: {error}", "use + - * / // % ** min max ceil_div over axis names")
             return
         unknown = sorted(names - known)
-        if unknown:
+        if unknown and set(unknown) <= params:
+            add(path, field, f"{what} `{expression}` names param {_join(unknown)}; it is evaluated with axis values only",
+                "make it an axis (cases can set axes), or check the param inside the implementation's error cases")
+        elif unknown:
             add(path, field, f"{what} `{expression}` names unknown axis {_join(unknown)}",
                 f"declare it under `axes:` or use one of: {', '.join(sorted(axes)) or '(none declared)'}")
 
