@@ -55,6 +55,12 @@ class LLM:
         tokenizer: TextTokenizer | None = None,
     ) -> None:
         probe = EngineConfig(device=device, dtype=dtype, block_size=block_size, seed=seed)  # validates device and dtype early
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} was asked for, but this machine has no CUDA device (use device='cpu')")
+        if tokenizer is None:
+            if str(model) not in PRESET_NAMES and Path(model).is_dir() and not (Path(model) / "tokenizer.json").is_file():
+                raise ValueError(f"{model} has no tokenizer.json; pass tokenizer=TextTokenizer.from_dir(...) or use a full checkpoint")
+            tokenizer = load_tokenizer(model) if str(model) in PRESET_NAMES or Path(model).is_dir() else None
         self.model = load_engine_model(model, device, probe.torch_dtype, seed)
         max_model_len = max_model_len or min(4096, self.model.config.max_position_embeddings)
         self.config = EngineConfig(
@@ -68,7 +74,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens or max(2048, max_num_seqs),
             seed=seed,
         )
-        self.tokenizer = tokenizer or load_tokenizer(model)
+        self.tokenizer = tokenizer
         if self.tokenizer.vocab_size > self.model.config.vocab_size:
             raise ValueError(f"the tokenizer has {self.tokenizer.vocab_size} tokens, the model only {self.model.config.vocab_size}")
         self.engine = LLMEngine(self.model, self.tokenizer, self.config)
@@ -129,7 +135,18 @@ class LLM:
         sampling_params: SamplingParams | None = None,
         prompt_token_ids: Sequence[int] | None = None,
     ) -> Iterator[str]:
-        """Yield the text of one request piece by piece as tokens are produced (aborts it if the caller stops early)."""
+        """Yield the text of one request piece by piece as tokens are produced."""
+        for piece, _ in self.stream_outputs(prompt, sampling_params, prompt_token_ids):
+            if piece:
+                yield piece
+
+    def stream_outputs(
+        self,
+        prompt: str | None = None,
+        sampling_params: SamplingParams | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
+    ) -> Iterator[tuple[str, RequestOutput]]:
+        """Yield (new text, output so far) after every token of one request; the request is aborted if the caller stops early."""
         request_id = self.engine.add_request(prompt=prompt, prompt_token_ids=prompt_token_ids, params=sampling_params)
         emitted, done = "", False
         try:
@@ -139,10 +156,11 @@ class LLM:
                         continue
                     text, done = output.outputs[0].text, output.finished
                     if text.endswith("\ufffd") and not done:
-                        continue  # a character split across byte tokens: wait for the rest
-                    if len(text) > len(emitted) and text.startswith(emitted):
-                        yield text[len(emitted):]
+                        yield "", output  # a character split across byte tokens: wait for the rest
+                        continue
+                    piece = text[len(emitted):] if text.startswith(emitted) else ""
                     emitted = text
+                    yield piece, output
         finally:
             if not done and self.engine.scheduler.get(request_id) is not None:
                 self.engine.abort(request_id)

@@ -77,17 +77,24 @@ def sample_tokens(
         return out
     safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature).float()
     scaled = logits32 / safe_temperature[:, None]  # [B, V]
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # ties: lower id first
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
     k = top_k.long()
     k = torch.where((k <= 0) | (k >= vocab), torch.full_like(k, vocab), k)
+    uniform = uniform_from_seeds(seeds)  # [B] float64
+    if not bool(((k < vocab) | (top_p < 1)).any()):
+        # no row filters: draw from the unsorted distribution (sorting the vocabulary is the slow part)
+        cdf = torch.softmax(scaled, dim=-1).double().cumsum(dim=-1)  # [B, V]
+        index = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).clamp(max=vocab - 1)
+        out.copy_(torch.where(greedy, greedy_tokens, index.squeeze(1)))
+        return out
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # ties: lower id first
+    ranks = torch.arange(vocab, device=logits.device)[None, :]
     sorted_logits = sorted_logits.masked_fill(ranks >= k[:, None], float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1).double()  # [B, V], sorted descending
     mass_before = probs.cumsum(dim=-1) - probs
     keep = (mass_before < top_p.double()[:, None]) | (top_p >= 1)[:, None]
     keep[:, 0] = True
     cdf = (probs * keep).cumsum(dim=-1)  # [B, V]
-    target = uniform_from_seeds(seeds) * cdf[:, -1]  # strictly below the total mass
+    target = uniform * cdf[:, -1]  # strictly below the total mass
     index = torch.searchsorted(cdf, target[:, None], right=True).clamp(max=vocab - 1)  # first index with cdf > target
     sampled = order.gather(1, index).squeeze(1)
     out.copy_(torch.where(greedy, greedy_tokens, sampled))
