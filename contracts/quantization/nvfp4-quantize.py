@@ -100,29 +100,29 @@ TIE_POINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _TIE_BLOCK_SCALES = (0.5, 1.0, 1.5, 2.0, 3.0, 0.015625, 0.125, 104.0, 448.0)  # E4M3 points
 
 
-def _row_values(pattern: str, columns: int, scale_2: float, generator: torch.Generator) -> torch.Tensor:
-    """One row whose magnitudes stay below 2.5 * 2688 * scale_2 / 2.625 (so the tensor amax is the planted one)."""
+def _pattern_rows(pattern: str, rows: int, columns: int, scale_2: float, generator: torch.Generator) -> torch.Tensor:
+    """`rows` rows of one pattern, magnitudes below 2.5 / 2.625 of the planted amax (2688 * scale_2)."""
     limit = 2.5 / 2.625 * 2688.0 * scale_2
-    row = torch.randn(columns, generator=generator).clamp(-2.5, 2.5) * (limit / 2.5)
-    blocks = row.view(-1, BLOCK)
-    count = blocks.shape[0]
+    values = torch.randn(rows, columns, generator=generator).clamp(-2.5, 2.5) * (limit / 2.5)
+    blocks = values.view(rows, columns // BLOCK, BLOCK)  # [r, B, 16]
+    count = blocks.shape[1]
     if pattern == "ties":
-        for block in range(count):
-            s = _TIE_BLOCK_SCALES[int(torch.randint(len(_TIE_BLOCK_SCALES), (1,), generator=generator))]
-            picks = torch.tensor(TIE_POINTS)[torch.randint(len(TIE_POINTS), (BLOCK,), generator=generator)]
-            signs = torch.where(torch.rand(BLOCK, generator=generator) < 0.5, -1.0, 1.0)
-            blocks[block] = signs * picks * s * scale_2
-            blocks[block, int(torch.randint(BLOCK, (1,), generator=generator))] = 6.0 * s * scale_2  # the block amax
+        scales = torch.tensor(_TIE_BLOCK_SCALES)[torch.randint(len(_TIE_BLOCK_SCALES), (rows, count, 1), generator=generator)]
+        picks = torch.tensor(TIE_POINTS)[torch.randint(len(TIE_POINTS), (rows, count, BLOCK), generator=generator)]
+        signs = torch.where(torch.rand(rows, count, BLOCK, generator=generator) < 0.5, -1.0, 1.0)
+        blocks.copy_(signs * picks * scales * scale_2)
+        amax_at = torch.randint(BLOCK, (rows, count, 1), generator=generator)
+        blocks.scatter_(2, amax_at, 6.0 * scales * scale_2)  # the block amax: scale exactly an E4M3 point
     elif pattern == "tiny-blocks":  # block amax 1e-1 .. 1e-8 of the limit: subnormal scales and the 2^-9 clamp
-        factors = 10.0 ** -torch.randint(1, 9, (count, 1), generator=generator).float()
-        blocks.mul_(torch.where(torch.rand(count, 1, generator=generator) < 0.7, factors, torch.ones_like(factors)))
+        factors = 10.0 ** -torch.randint(1, 9, (rows, count, 1), generator=generator).float()
+        blocks.mul_(torch.where(torch.rand(rows, count, 1, generator=generator) < 0.7, factors, torch.ones_like(factors)))
     elif pattern == "zero-blocks":
-        blocks.mul_(torch.rand(count, 1, generator=generator) >= 0.3)
-        row[torch.rand(columns, generator=generator) < 0.1] = 0.0
+        blocks.mul_(torch.rand(rows, count, 1, generator=generator) >= 0.3)
+        values[torch.rand(rows, columns, generator=generator) < 0.1] = 0.0
     elif pattern == "dynamic-range":
-        row.mul_(10.0 ** (-6 * torch.rand(1, generator=generator)))
-        row.mul_(10.0 ** (-2 * torch.rand(columns, generator=generator)))
-    return row
+        values.mul_(10.0 ** (-6 * torch.rand(rows, 1, generator=generator)))
+        values.mul_(10.0 ** (-2 * torch.rand(rows, columns, generator=generator)))
+    return values
 
 
 def make_inputs(axes: dict, params: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict[str, torch.Tensor]:
@@ -138,7 +138,11 @@ def make_inputs(axes: dict, params: dict, dtype: torch.dtype, device: str, gener
     if generator.initial_seed() % 2 == 0:
         amax *= 1.0 + 0.9 * float(torch.rand(1, generator=generator))
     scale_2 = amax / 2688.0
-    weight = torch.stack([_row_values(ROW_PATTERNS[r % len(ROW_PATTERNS)], columns, scale_2, generator) for r in range(rows)])
+    weight = torch.empty(rows, columns)
+    for index, pattern in enumerate(ROW_PATTERNS):
+        selected = torch.arange(index, rows, len(ROW_PATTERNS))
+        if selected.numel():
+            weight[selected] = _pattern_rows(pattern, selected.numel(), columns, scale_2, generator)
     weight[0, 0] = -amax if exponent % 2 else amax
     return {"weight": weight.to(dtype).to(device)}
 

@@ -28,7 +28,7 @@ from contract_driver import (
 )
 from toolbox.documents.contract import Case, ErrorCase
 
-__all__ = ["load", "run_case", "run_error_case", "perturbed", "Outcome", "LoadedContract"]
+__all__ = ["load", "make_case_inputs", "run_case", "run_error_case", "perturbed", "Outcome", "LoadedContract"]
 
 
 def _fills(dtype: torch.dtype) -> tuple[float | int, float | int]:
