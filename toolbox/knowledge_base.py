@@ -22,7 +22,8 @@ from toolbox.yaml_loader import YamlDocument, load_frontmatter_file, load_yaml_f
 
 KNOWLEDGE_DIR = "knowledge"
 CONTRACTS_DIR = "contracts"
-SKIPPED_DIRS = {"__pycache__", "schema", "node_modules"}
+SKIPPED_DIRS = {"__pycache__", "node_modules"}
+SCHEMA_DIR = "schema"  # contracts/schema/ holds the exported JSON Schemas, not contracts
 
 
 class RepositoryNotFound(LookupError):
@@ -143,6 +144,8 @@ def contract_files(root: Path, findings: list[Finding]) -> list[Path]:
     found = []
     base = root / CONTRACTS_DIR
     for path in walk_files(base, root, findings):
+        if path.relative_to(base).parts[0] == SCHEMA_DIR:
+            continue
         if path.suffix == ".yml":
             findings.append(Finding(display_path(path, root), None, "", "error", "contract files end in .yaml, not .yml",
                                     f"rename it to {path.with_suffix('.yaml').name}"))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 from toolbox.findings import Finding
 from toolbox.knowledge_base import SkillDocument
 from toolbox.validate.markdown import body_line_count, headings, version_entry_lines
 
 MAX_BODY_LINES = 500
+# A path into the skill folder mentioned in the body: `references/x.md`, [text](scripts/y.py), assets/z.png.
+_BUNDLED_FILE = re.compile(r"(?<![\w/.-])((?:references|scripts|assets)/[\w./-]*\w\.\w+)")
 # Domains whose skills describe operations; such a skill without a contract is unverifiable.
 OPERATION_DOMAINS = ("attention", "linear-attention", "moe", "quantization", "kv-cache", "sampling", "norms-and-activations")
 
@@ -31,6 +35,7 @@ def check_skill(skill: SkillDocument) -> list[Finding]:
                                 f"a `{domain}` skill names no contract, so no implementation can be checked against it",
                                 "create one with `toolbox new contract DOMAIN/NAME --skill " + frontmatter.name + "`"))
     findings += _body_findings(skill)
+    findings += _bundled_file_findings(skill)
     if not any(f.is_error for f in findings):
         findings += skills_ref_findings(skill)
     return findings
@@ -63,6 +68,23 @@ def _body_findings(skill: SkillDocument) -> list[Finding]:
         findings.append(Finding(display, skill.body_line + heading.index, "changelog", "error",
                                 f"`## Changelog` has no entry for the current version {version}",
                                 f"add a line `- {version} (YYYY-MM-DD): what changed` under `## Changelog`"))
+    return findings
+
+
+def _bundled_file_findings(skill: SkillDocument) -> list[Finding]:
+    """Every `references/...`, `scripts/...` or `assets/...` path the body mentions exists in the skill folder."""
+    findings, reported = [], set()
+    folder = skill.path.parent
+    for index, line in enumerate(skill.body.split("\n")):
+        for match in _BUNDLED_FILE.finditer(line):
+            relative = match.group(1)
+            target = folder / relative
+            if relative in reported or (target.is_file() and target.resolve().is_relative_to(folder.resolve())):
+                continue
+            reported.add(relative)
+            findings.append(Finding(skill.display, skill.body_line + index, "body", "error",
+                                    f"mentions `{relative}`, which is not a file in the skill folder",
+                                    f"add {skill.path.parent.name}/{relative} or fix the path"))
     return findings
 
 

@@ -1,0 +1,3 @@
+"""A bundled script the demo method skill mentions."""
+
+print("demo")
