@@ -36,7 +36,7 @@ class ModelCaches:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> "ModelCaches":
-        """Allocate every layer's cache. Contents start undefined (empty); a sequence's first chunk must not read them."""
+        """Allocate every layer's cache, zero-filled: kernels that read padding slots and mask them (0 * x) never meet NaN garbage."""
         if num_blocks < 1 or block_size < 1 or num_state_slots < 1:
             raise ValueError(
                 f"ModelCaches.allocate: num_blocks ({num_blocks}), block_size ({block_size}) and num_state_slots "
@@ -52,11 +52,11 @@ class ModelCaches:
         )
         k_cache, v_cache, conv_state, recurrent_state = {}, {}, {}, {}
         for layer in config.full_attention_layers:
-            k_cache[layer] = torch.empty(kv_shape, device=device, dtype=dtype)
-            v_cache[layer] = torch.empty(kv_shape, device=device, dtype=dtype)
+            k_cache[layer] = torch.zeros(kv_shape, device=device, dtype=dtype)
+            v_cache[layer] = torch.zeros(kv_shape, device=device, dtype=dtype)
         for layer in config.linear_attention_layers:
-            conv_state[layer] = torch.empty(conv_shape, device=device, dtype=dtype)
-            recurrent_state[layer] = torch.empty(state_shape, device=device, dtype=torch.float32)
+            conv_state[layer] = torch.zeros(conv_shape, device=device, dtype=dtype)
+            recurrent_state[layer] = torch.zeros(state_shape, device=device, dtype=torch.float32)
         return cls(num_blocks, block_size, num_state_slots, k_cache, v_cache, conv_state, recurrent_state)
 
     @staticmethod
