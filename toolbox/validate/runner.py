@@ -6,7 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolbox.findings import Finding, sort_findings
-from toolbox.knowledge_base import CONTRACTS_DIR, KNOWLEDGE_DIR, display_path, iter_contracts, iter_skills
+from toolbox.knowledge_base import (
+    CONTRACTS_DIR,
+    KNOWLEDGE_DIR,
+    contract_files,
+    display_path,
+    parse_contract,
+    parse_skill,
+    skill_files,
+)
 from toolbox.validate.contracts import check_contract
 from toolbox.validate.references import check_references
 from toolbox.validate.skills import check_skill
@@ -71,17 +79,19 @@ def validate_repository(root: Path, paths: list[Path] | None = None, since: str 
         except ValueError as error:
             raise UsageProblem(str(error)) from None
     discovery: list[Finding] = []
-    skills = iter_skills(root, discovery)
-    contracts = iter_contracts(root, discovery)
+    skills = [skill for path in skill_files(root, discovery)
+              if (skill := _parse_guarded(parse_skill, path, root, discovery)) is not None]
+    contracts = [document for path in contract_files(root, discovery)
+                 if (document := _parse_guarded(parse_contract, path, root, discovery)) is not None]
     path_owners = {document.path_id: document.display for document in contracts}
     findings = list(discovery)
     for skill in skills:
-        findings += check_skill(skill)
+        findings += _guarded(skill.display, lambda skill=skill: check_skill(skill))
     for document in contracts:
-        findings += check_contract(document, root, path_owners)
-    findings += check_references(skills, contracts)
+        findings += _guarded(document.display, lambda document=document: check_contract(document, root, path_owners))
+    findings += _guarded("knowledge", lambda: check_references(skills, contracts))
     if since is not None:
-        findings += version_findings(root, since, skills, contracts)
+        findings += _guarded("knowledge", lambda: version_findings(root, since, skills, contracts))
 
     def in_scope(display: str) -> bool:
         return any(display == prefix or (prefix.endswith("/") or prefix == "") and display.startswith(prefix)
@@ -93,3 +103,24 @@ def validate_repository(root: Path, paths: list[Path] | None = None, since: str 
         skills_checked=sum(1 for s in skills if in_scope(s.display)),
         contracts_checked=sum(1 for c in contracts if in_scope(c.display)),
     )
+
+
+def _crash(display: str, error: Exception) -> Finding:
+    return Finding(display, None, "", "error", f"the validator failed on this document: {type(error).__name__}: {error}",
+                   "this is a toolbox bug; please report it with the document")
+
+
+def _guarded(display: str, check) -> list[Finding]:
+    """Run one check; a bug in it becomes a finding on that document instead of a traceback."""
+    try:
+        return list(check())
+    except Exception as error:  # noqa: BLE001 - deliberately broad: the CLI must never show a traceback
+        return [_crash(display, error)]
+
+
+def _parse_guarded(parse, path: Path, root: Path, sink: list[Finding]):
+    try:
+        return parse(path, root)
+    except Exception as error:  # noqa: BLE001 - as above
+        sink.append(_crash(display_path(path, root), error))
+        return None
