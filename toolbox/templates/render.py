@@ -46,6 +46,8 @@ def add_contract_to_skill(path: Path, contract_id: str) -> bool:
         match = re.match(r'^(\s+contracts:\s*)(["\']?)(.*?)\2\s*$', lines[contracts_index])
         if match is None:
             raise EditRefused(f"{path}:{contracts_index + 1}: `contracts:` is not a one-line string")
+        if match.group(3).startswith((">", "|", "[", "{", "&", "*", "!")):
+            raise EditRefused(f"{path}:{contracts_index + 1}: `contracts:` is not a plain one-line string")
         ids = match.group(3).split()
         if contract_id in ids:
             return False

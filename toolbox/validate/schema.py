@@ -13,6 +13,14 @@ from toolbox.yaml_loader import YamlDocument, dotted
 
 SPEC_TOP_LEVEL = ("name", "description", "license", "compatibility", "allowed-tools", "metadata")
 
+# Model-level errors carry no location; these message fragments name the field they are about.
+_ROOT_FIELDS = (
+    ("needs `run`", "run"),
+    ("at least one output", "outputs"),
+    ("tolerance names", "tolerance"),
+    ("aliases", "outputs"),
+    ("case names repeat", "cases"),
+)
 _PATTERN_HINTS = {
     "version": 'a semantic version such as "1.0.0", quoted',
     "updated": 'an ISO date such as "2026-01-31", quoted (unquoted YAML turns it into a date)',
@@ -61,7 +69,10 @@ def _one(item: dict[str, Any], location: tuple, model: type[BaseModel], document
             hint = f"allowed keys here: {', '.join(allowed)}" if allowed else "remove the key"
     elif error_type.endswith("_type") or error_type in ("string_type", "dict_type", "list_type"):
         message = f"{message}; got {_describe(given)}"
-        if error_type == "string_type" and not isinstance(given, (dict, list)):
+        if kind == "skill" and location[:1] == ("metadata",) and isinstance(given, list):
+            message = f"metadata values must be strings (Agent Skills spec); got {_describe(given)}"
+            hint = f'write one space-separated string: {last}: "{" ".join(map(str, given))}"'
+        elif error_type == "string_type" and not isinstance(given, (dict, list)):
             hint = f'quote the value: {last}: "{given}"'
             if kind == "skill" and location[:1] == ("metadata",):
                 message = f"metadata values must be strings (Agent Skills spec); got {_describe(given)}"
@@ -78,6 +89,9 @@ def _one(item: dict[str, Any], location: tuple, model: type[BaseModel], document
         hint = "use one of the listed values"
     elif error_type == "value_error":
         hint = _value_error_hint(message)
+        if not location:
+            field = next((name for fragment, name in _ROOT_FIELDS if fragment in message), field)
+            location = (field,) if field in model.model_fields else location
     else:
         message = f"{message}; got {_short(given)}" if given is not None and not isinstance(given, dict) else message
     if not hint:
