@@ -23,12 +23,14 @@ from reference_engine.tokenizer import TextTokenizer, load_tokenizer
 PRESET_NAMES = ("tiny", "full")
 
 
-def load_engine_model(model: str | Path, device: str, dtype: torch.dtype, seed: int, progress: bool = False):
-    """A preset name builds seeded random weights; anything else must be a checkpoint directory."""
+def load_engine_model(model: str | Path, device: str, dtype: torch.dtype, seed: int, quantize: str | None = None, progress: bool = False):
+    """A preset name builds seeded random weights (NVFP4 linears with quantize="nvfp4"); anything else is a checkpoint directory."""
     if str(model) in PRESET_NAMES:
         from reference_engine.presets import build_preset
 
-        return build_preset(str(model), device=device, dtype=dtype, seed=seed)
+        return build_preset(str(model), device=device, dtype=dtype, seed=seed, quantize=quantize)
+    if quantize is not None:
+        raise ValueError("quantize applies to the presets only; quantize a checkpoint with `toolbox engine quantize` first")
     path = Path(model)
     if not path.exists():
         raise ValueError(f"model {str(model)!r} is neither a preset ({', '.join(PRESET_NAMES)}) nor an existing checkpoint directory")
@@ -53,6 +55,7 @@ class LLM:
         seed: int = 0,
         gpu_memory_utilization: float = 0.85,
         tokenizer: TextTokenizer | None = None,
+        quantize: str | None = None,
     ) -> None:
         probe = EngineConfig(device=device, dtype=dtype, block_size=block_size, seed=seed)  # validates device and dtype early
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -61,7 +64,7 @@ class LLM:
             if str(model) not in PRESET_NAMES and Path(model).is_dir() and not (Path(model) / "tokenizer.json").is_file():
                 raise ValueError(f"{model} has no tokenizer.json; pass tokenizer=TextTokenizer.from_dir(...) or use a full checkpoint")
             tokenizer = load_tokenizer(model) if str(model) in PRESET_NAMES or Path(model).is_dir() else None
-        self.model = load_engine_model(model, device, probe.torch_dtype, seed)
+        self.model = load_engine_model(model, device, probe.torch_dtype, seed, quantize=quantize)
         max_model_len = max_model_len or min(4096, self.model.config.max_position_embeddings)
         self.config = EngineConfig(
             device=device,
