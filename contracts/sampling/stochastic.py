@@ -165,29 +165,40 @@ def run(impl, axes, params, dtype, device, generator):
     return {"max_abs_error": worst, "message": f"{rows} rows x {draws} draws; worst total variation {worst:.4f} over {checked} rows checked"}
 
 
+def _with_out(inputs):
+    """Error cases call the implementation directly; a custom contract's harness allocates no outputs, so add `out`."""
+    inputs["out"] = torch.full((inputs["logits"].shape[0],), -1, dtype=torch.int64, device=inputs["logits"].device)
+    return inputs
+
+
 def top_p_zero(inputs, params):
     inputs["top_p"] = inputs["top_p"].clone()
     inputs["top_p"][1] = 0.0
+    _with_out(inputs)
     return inputs, params
 
 
 def top_p_above_one(inputs, params):
     inputs["top_p"] = inputs["top_p"].clone()
     inputs["top_p"][3] = 1.5
+    _with_out(inputs)
     return inputs, params
 
 
 def temperature_negative(inputs, params):
     inputs["temperature"] = inputs["temperature"].clone()
     inputs["temperature"][2] = -0.5
+    _with_out(inputs)
     return inputs, params
 
 
 def seeds_int32(inputs, params):
     inputs["seeds"] = (inputs["seeds"] % 1000).to(torch.int32)
+    _with_out(inputs)
     return inputs, params
 
 
 def top_k_short(inputs, params):
     inputs["top_k"] = inputs["top_k"][:-1].clone()
+    _with_out(inputs)
     return inputs, params
