@@ -113,3 +113,36 @@ def test_scaffolded_contract_runs_in_the_harness(valid_tree: Path, tmp_path: Pat
     assert "PASSED" in statuses["good"]
     assert "INCORRECT_NUMERICAL" in statuses["off_by_one_percent"]
     assert "MISSING_ERROR" in statuses["no_check"]
+
+
+def test_back_reference_edits(tmp_path: Path) -> None:
+    from toolbox.templates.render import EditRefused, add_contract_to_skill, add_skill_to_contract
+
+    flow = tmp_path / "flow.yaml"
+    flow.write_text("id: a/b\nskills: [one, two]\nversion: 1.0.0\n")
+    assert add_skill_to_contract(flow, "three") is True
+    assert "skills: [one, two, three]\n" in flow.read_text()
+    assert add_skill_to_contract(flow, "three") is False
+    block = tmp_path / "block.yaml"
+    block.write_text("skills:\n    - one\n    # a comment\n    - two\nversion: 1.0.0\n")
+    assert add_skill_to_contract(block, "three") is True
+    assert block.read_text() == "skills:\n    - one\n    # a comment\n    - two\n    - three\nversion: 1.0.0\n"
+    missing = tmp_path / "SKILL.md"
+    missing.write_text("---\nname: x\nmetadata:\n  version: \"1.0.0\"\n---\nbody\n")
+    assert add_contract_to_skill(missing, "a/b") is True
+    assert '  contracts: "a/b"\n  version' in missing.read_text()
+    folded = tmp_path / "folded.md"
+    folded.write_text("---\nname: x\nmetadata:\n  contracts: >-\n    a/b\n---\nbody\n")
+    with pytest.raises(EditRefused):
+        add_contract_to_skill(folded, "c/d")
+    assert "c/d" not in folded.read_text()
+
+
+def test_refused_edit_warns_and_validate_flags_it(valid_tree: Path, toolbox_cli) -> None:
+    path = valid_tree / "knowledge/attention/demo-skill/SKILL.md"
+    path.write_text(path.read_text().replace('contracts: "attention/demo-copy"', "contracts: >-\n    attention/demo-copy"))
+    assert toolbox_cli("validate", cwd=valid_tree).exit_code == 0
+    result = toolbox_cli("new", "contract", "attention/demo-four", "--skill", "demo-skill", cwd=valid_tree)
+    assert result.exit_code == 0 and "by hand" in result.output
+    check = toolbox_cli("validate", cwd=valid_tree)
+    assert check.exit_code == 1 and "does not list contract `attention/demo-four`" in check.output

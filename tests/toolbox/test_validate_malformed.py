@@ -38,6 +38,7 @@ EXPECTED: dict[str, tuple[str, int | None, str, str, str]] = {
     "skill-unknown-top-level-key": (SKILL, 5, "version", "unknown top-level key `version`", "error"),
     "skill-unknown-metadata-key": (SKILL, 8, "metadata.owner", "unknown key `owner`", "error"),
     "skill-name-folder-mismatch": (SKILL, 2, "name", "name `demo-skills` differs from its folder `demo-skill`", "error"),
+    "skill-name-too-long": (SKILL, 2, "name", "at most 64 characters (it has 71)", "error"),
     "skill-name-not-kebab": (SKILL, 2, "name", "'Demo_Skill' does not have the required form", "error"),
     "skill-description-too-long": (SKILL, 3, "description", "at most 1024 characters", "error"),
     "skill-description-angle-brackets": (SKILL, 3, "description", "angle brackets", "error"),
