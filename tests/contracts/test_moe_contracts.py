@@ -18,12 +18,21 @@ ENGINE = {
 }
 CASES = [(cid, case.name) for cid in ENGINE for case in driver.load(cid).cpu_cases()]
 ERRORS = [(cid, error.name) for cid in ENGINE for error in driver.load(cid).contract.errors]
+CUDA_CASES = [(cid, case.name) for cid in ENGINE for case in driver.load(cid).contract.cases if case.device == "cuda"]
 
 
 @pytest.mark.parametrize("contract_id,case_name", CASES)
 def test_engine_op_passes(contract_id, case_name):
     loaded = driver.load(contract_id)
     outcome = driver.run_case(loaded, ENGINE[contract_id], loaded.case(case_name))
+    assert outcome.status == "PASSED", outcome.message
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("contract_id,case_name", CUDA_CASES)
+def test_engine_op_passes_real_shapes_on_cuda(contract_id, case_name):
+    loaded = driver.load(contract_id)
+    outcome = driver.run_case(loaded, ENGINE[contract_id], loaded.case(case_name), device="cuda")
     assert outcome.status == "PASSED", outcome.message
 
 
