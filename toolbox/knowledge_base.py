@@ -105,13 +105,18 @@ def walk_files(folder: Path, root: Path, findings: list[Finding]) -> Iterator[Pa
         for entry in entries:
             if entry.name.startswith(".") or entry.name in SKIPPED_DIRS:
                 continue
-            if entry.is_symlink() and not entry.resolve().is_relative_to(real_root):
+            try:
+                real = entry.resolve()
+            except (OSError, RuntimeError):  # a symlink loop
+                findings.append(Finding(display_path(entry, root), None, "", "error", "symlink loop; not read",
+                                        "remove the link or point it at a real file"))
+                continue
+            if entry.is_symlink() and not real.is_relative_to(real_root):
                 findings.append(Finding(display_path(entry, root), None, "", "error",
-                                        f"symlink points outside the repository (to {entry.resolve()}); not read",
+                                        f"symlink points outside the repository (to {real}); not read",
                                         "replace the link by the file itself, or point it inside the repository"))
                 continue
             if entry.is_dir():
-                real = entry.resolve()
                 if real not in seen:
                     seen.add(real)
                     yield from walk(entry)

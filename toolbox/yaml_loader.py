@@ -107,8 +107,9 @@ def read_document_text(path: Path, display: str, root: Path | None = None) -> tu
                 "move depth into references/ files; documents stay small",
             )
         raw = path.read_bytes()[: MAX_BYTES + 1]
-    except OSError as error:
-        return refuse(f"cannot read the file: {error.strerror or error}", "check that it exists and is readable")
+    except (OSError, RuntimeError) as error:  # RuntimeError: a symlink loop
+        return refuse(f"cannot read the file: {getattr(error, 'strerror', None) or error}",
+                      "check that it exists, is readable and is not a symlink loop")
     if not raw.strip():
         return refuse("file is empty", "fill it from the template: `toolbox new skill` or `toolbox new contract`", 1)
     if raw.startswith(b"\xef\xbb\xbf"):

@@ -187,6 +187,18 @@ def test_symlinked_folder_outside_repository(valid_tree: Path, tmp_path: Path, t
     assert_one_finding(result, ("knowledge/serving", None, "", "symlink points outside the repository", "error"))
 
 
+def test_symlink_loop(valid_tree: Path, toolbox_cli) -> None:
+    os.symlink("loop-b.yaml", valid_tree / "contracts/attention/loop-a.yaml")
+    os.symlink("loop-a.yaml", valid_tree / "contracts/attention/loop-b.yaml")
+    result = toolbox_cli("validate", "--format", "json", cwd=valid_tree)
+    assert result.exit_code == 1, result.output
+    records = json.loads(result.stdout)
+    assert [(r["file"], r["message"]) for r in records] == [
+        ("contracts/attention/loop-a.yaml", "symlink loop; not read"),
+        ("contracts/attention/loop-b.yaml", "symlink loop; not read"),
+    ]
+
+
 def test_alias_bomb_is_refused_fast(valid_tree: Path, toolbox_cli) -> None:
     import time
 

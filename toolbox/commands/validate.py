@@ -42,6 +42,9 @@ def command(paths: tuple[Path, ...], output_format: str, since: str | None, stri
         report = validate_repository(root, list(paths), since)
     except (RepositoryNotFound, UsageProblem) as error:
         raise click.UsageError(str(error)) from None
+    except Exception as error:  # noqa: BLE001 - checks are guarded per document; this is the last net
+        click.echo(f"error: the validator failed: {type(error).__name__}: {error} (a toolbox bug; please report)", err=True)
+        raise SystemExit(2) from None
     summary = (
         f"{report.errors} error(s), {report.warnings} warning(s) in {report.skills_checked} skill(s) and "
         f"{report.contracts_checked} contract(s)"
