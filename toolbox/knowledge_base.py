@@ -155,6 +155,12 @@ def contract_files(root: Path, findings: list[Finding]) -> list[Path]:
             findings.append(Finding(display_path(path, root), None, "", "error", "contract files end in .yaml, not .yml",
                                     f"rename it to {path.with_suffix('.yaml').name}"))
             continue
+        if path.suffix == ".py" and not path.with_suffix(".yaml").exists() and len(path.relative_to(base).parts) == 2:
+            findings.append(Finding(display_path(path, root), None, "", "warning",
+                                    "executable half without a contract: no .yaml of the same name next to it",
+                                    f"add {path.with_suffix('.yaml').name} or remove the file (contract halves "
+                                    "share no helper modules: they import only the standard library, torch and numpy)"))
+            continue
         if path.suffix != ".yaml":
             continue
         if len(path.relative_to(base).parts) != 2:

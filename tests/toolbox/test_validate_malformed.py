@@ -187,6 +187,14 @@ def test_symlinked_folder_outside_repository(valid_tree: Path, tmp_path: Path, t
     assert_one_finding(result, ("knowledge/serving", None, "", "symlink points outside the repository", "error"))
 
 
+def test_orphan_python_half(valid_tree: Path, toolbox_cli) -> None:
+    shutil.copy(valid_tree / COPY_PY, valid_tree / "contracts/attention/leftover.py")
+    assert toolbox_cli("validate", cwd=valid_tree).exit_code == 0
+    result = toolbox_cli("validate", "--strict", cwd=valid_tree)
+    assert_one_finding(result, ("contracts/attention/leftover.py", None, "", "executable half without a contract",
+                                "warning"))
+
+
 def test_symlink_loop(valid_tree: Path, toolbox_cli) -> None:
     os.symlink("loop-b.yaml", valid_tree / "contracts/attention/loop-a.yaml")
     os.symlink("loop-a.yaml", valid_tree / "contracts/attention/loop-b.yaml")
