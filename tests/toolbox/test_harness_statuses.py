@@ -131,3 +131,23 @@ def test_isolated_raise_crash_and_hang() -> None:
 def test_isolated_bad_import_is_a_runtime_error() -> None:
     outcome = run_job_isolated(Job(str(DEMO / "axpby.yaml"), f"{IMPLS}:no_such_function", "case", "small-f32", "cpu"), timeout_s=20)
     assert outcome.status == Status.RUNTIME_ERROR and "no_such_function" in outcome.message
+
+
+@pytest.mark.slow
+def test_spawned_worker_is_reused_and_replaced_after_a_crash() -> None:
+    """The mechanism CUDA cases use (exercised here on CPU jobs): one spawned process for many jobs."""
+    from toolbox.harness.isolation import SpawnedWorker
+
+    worker = SpawnedWorker()
+    try:
+        first = worker.run(job("axpby", "axpby", "small-f32"), timeout_s=120)
+        pid = worker._process.pid
+        second = worker.run(job("axpby", "axpby_wrong_id", "small-f32"), timeout_s=120)
+        assert (first.status, second.status) == (Status.PASSED, Status.INCORRECT_NUMERICAL)
+        assert worker._process.pid == pid  # reused
+        crashed = worker.run(job("axpby", "axpby_exits", "small-f32"), timeout_s=120)
+        assert crashed.status == Status.RUNTIME_ERROR and "exited with code 3" in crashed.message
+        after = worker.run(job("axpby", "axpby", "wide-bf16"), timeout_s=120)
+        assert after.status == Status.PASSED and worker._process.pid != pid
+    finally:
+        worker.stop()

@@ -1,8 +1,10 @@
 """Running one case in a child process with a timeout, so a crash or a hang costs only that case.
 
 The child re-imports the implementation by its `module:function` path and loads the contract by
-path (with "fork" both are usually already in memory). CPU cases fork (cheap); CUDA cases spawn,
-since CUDA cannot be used in a forked child of a process that touched it.
+path (with "fork" both are usually already in memory). CPU cases fork a fresh child each (cheap).
+CUDA cases run in a spawned worker (CUDA cannot be used in a forked child of a process that touched
+it); since spawning re-imports torch and creates a CUDA context, one worker serves case after case
+and is replaced after a timeout, a crash, or any RUNTIME_ERROR (a CUDA fault poisons the context).
 """
 
 from __future__ import annotations
@@ -40,19 +42,92 @@ def run_job_inline(job: Job) -> Outcome:
     return execute(loaded, job.kind, job.name, impl, device=job.device)
 
 
-def _child(job: Job, connection) -> None:
+def _child(job: Job, connection, close: bool = True) -> None:
     try:
         outcome = run_job_inline(job)
-    except BaseException as error:  # anything that escaped the per-case handling
+    except Exception as error:  # anything that escaped the per-case handling
         outcome = Outcome(Status.RUNTIME_ERROR, f"harness error: {last_line(error)}")
     connection.send(outcome)
-    connection.close()
+    if close:
+        connection.close()
+
+
+def _serve(connection) -> None:
+    """A spawned worker's loop: run jobs until told to stop (None) or the parent goes away."""
+    while True:
+        try:
+            job = connection.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        _child(job, connection, close=False)
+
+
+class SpawnedWorker:
+    """One spawned process reused for many jobs; `run` restarts it whenever it had to be killed or failed."""
+
+    def __init__(self) -> None:
+        self._process = None
+        self._connection = None
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        parent, child = context.Pipe(duplex=True)
+        self._process = context.Process(target=_serve, args=(child,), daemon=True)
+        self._process.start()
+        child.close()
+        self._connection = parent
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        try:
+            self._connection.send(None)
+        except (OSError, BrokenPipeError):
+            pass
+        self._process.join(5)
+        if self._process.is_alive():
+            _kill(self._process)
+        self._connection.close()
+        self._process = self._connection = None
+
+    def run(self, job: Job, timeout_s: float) -> Outcome:
+        if self._process is None or not self._process.is_alive():
+            self.stop()
+            self._start()
+        self._connection.send(job)
+        if not self._connection.poll(timeout_s):
+            _kill(self._process)
+            self._process = None
+            self._connection.close()
+            return Outcome(Status.TIMEOUT, f"no result after {timeout_s:g} s; the worker process was killed", device=job.device)
+        try:
+            outcome = self._connection.recv()
+        except (EOFError, OSError):
+            self._process.join(5)
+            code = self._process.exitcode
+            self._process = None
+            return Outcome(Status.RUNTIME_ERROR, f"the implementation crashed: {_exit_description(code)}", device=job.device)
+        if outcome.status == Status.RUNTIME_ERROR:
+            self.stop()  # a fresh CUDA context for the next case
+        return outcome
+
+
+_WORKERS: dict[str, SpawnedWorker] = {}
+
+
+def stop_workers() -> None:
+    for worker in _WORKERS.values():
+        worker.stop()
+    _WORKERS.clear()
 
 
 def run_job_isolated(job: Job, timeout_s: float) -> Outcome:
     """The job in a child process; TIMEOUT after `timeout_s`, RUNTIME_ERROR when the child dies without a result."""
-    method = "spawn" if job.device == "cuda" else "fork"
-    context = multiprocessing.get_context(method)
+    if job.device == "cuda":
+        return _WORKERS.setdefault("cuda", SpawnedWorker()).run(job, timeout_s)
+    context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_child, args=(job, sender), daemon=True)
     process.start()

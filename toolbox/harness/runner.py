@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from toolbox.harness.discovery import DEVICES, Declared, engine_implementations
-from toolbox.harness.isolation import Job, run_job_inline, run_job_isolated
+from toolbox.harness.isolation import Job, run_job_inline, run_job_isolated, stop_workers
 from toolbox.harness.loading import DEFAULT_CONTRACTS_DIR, LoadedContract, contract_paths, import_function, load_contract
 from toolbox.harness.outcome import Outcome
 from toolbox.harness.records import Record, environment
@@ -57,6 +57,14 @@ def run_contracts(
     env = env if env is not None else environment()
     records: list[Record] = []
     total = len(plan)
+    try:
+        _run_plan(plan, records, total, timeout_s, isolation, progress, env)
+    finally:
+        stop_workers()
+    return records
+
+
+def _run_plan(plan, records, total, timeout_s, isolation, progress, env) -> None:
     for index, item in enumerate(plan):
         if isinstance(item, Record):
             record = _with_env(item, env)
@@ -70,7 +78,6 @@ def run_contracts(
         records.append(record)
         if progress is not None:
             progress(index + 1, total, record)
-    return records
 
 
 def make_plan(contracts, impl, engine, devices, cases, contracts_dir) -> list[Planned | Record]:
