@@ -81,11 +81,7 @@ class ModelConfig:
         return tuple(i for i, kind in enumerate(self.layer_types) if kind == "linear_attention")
 
     def validate(self) -> None:
-        positive = (
-            "vocab_size hidden_size num_hidden_layers num_attention_heads num_kv_heads head_dim linear_num_key_heads "
-            "linear_num_value_heads linear_key_head_dim linear_value_head_dim linear_conv_kernel_dim num_experts "
-            "num_experts_per_tok moe_intermediate_size shared_expert_intermediate_size max_position_embeddings"
-        ).split()
+        positive = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_kv_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "max_position_embeddings"]
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -112,7 +108,7 @@ class ModelConfig:
 
     # Edges ---------------------------------------------------------------------------------
     @classmethod
-    def from_hf(cls, source: dict[str, Any] | str | Path) -> "ModelConfig":
+    def from_hf(cls, source: dict[str, Any] | str | Path) -> ModelConfig:
         """Read a Hugging Face config (a dict, a config.json path, or a checkpoint directory)."""
         if not isinstance(source, dict):
             path = Path(source)

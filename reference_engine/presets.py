@@ -47,7 +47,7 @@ TINY = ModelConfig(
     max_position_embeddings=4096,
     eos_token_ids=(0,),
 )
-FULL = ModelConfig(eos_token_ids=(248046, 248044))
+FULL = ModelConfig()  # eos ids come from the tokenizer that goes with real weights
 PRESETS = {"tiny": TINY, "full": FULL}
 QUANTIZE_CHOICES = (None, "nvfp4")
 # Kept in the model dtype even when quantising (as published NVFP4 checkpoints keep them).

@@ -35,7 +35,7 @@ class ModelCaches:
         num_state_slots: int,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
-    ) -> "ModelCaches":
+    ) -> ModelCaches:
         """Allocate every layer's cache, zero-filled: kernels that read padding slots and mask them (0 * x) never meet NaN garbage."""
         if num_blocks < 1 or block_size < 1 or num_state_slots < 1:
             raise ValueError(

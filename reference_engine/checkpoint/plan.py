@@ -107,7 +107,7 @@ def _prefix(files: CheckpointFiles) -> str:
     for prefix in PREFIXES:
         if prefix + "embed_tokens.weight" in files:
             return prefix
-    raise CheckpointError(f"missing tensor 'model.language_model.embed_tokens.weight' (or 'model.embed_tokens.weight'): not a qwen3_5_moe checkpoint")
+    raise CheckpointError("missing tensor 'model.language_model.embed_tokens.weight' (or 'model.embed_tokens.weight'): not a qwen3_5_moe checkpoint")
 
 
 def plan_checkpoint(config: ModelConfig, files: CheckpointFiles, scheme: QuantScheme) -> list[PlanItem]:

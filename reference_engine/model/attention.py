@@ -11,13 +11,18 @@ from dataclasses import dataclass
 
 import torch
 
+from reference_engine.cache.kv_write import write_kv
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.linear import Linear
+from reference_engine.ops.attention import (
+    output_gate,
+    paged_decode,
+    paged_prefill,
+    partial_rope,
+    split_q_gate,
+)
 from reference_engine.ops.norms import rms_norm
-
-from reference_engine.ops.attention import output_gate, paged_decode, paged_prefill, partial_rope, split_q_gate
-from reference_engine.cache.kv_write import write_kv
 
 
 @dataclass(frozen=True)

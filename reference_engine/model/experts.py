@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from reference_engine.model.linear import Linear
-
 from reference_engine.ops.moe import routed_experts
 
 

@@ -15,15 +15,14 @@ import torch
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.linear import Linear
-from reference_engine.ops.norms import gated_rms_norm
-
 from reference_engine.ops.linear_attention import (
-        causal_conv1d,
-        causal_conv1d_update,
-        gdn_chunked_prefill,
-        gdn_gates,
-        gdn_recurrent_decode,
-    )
+    causal_conv1d,
+    causal_conv1d_update,
+    gdn_chunked_prefill,
+    gdn_gates,
+    gdn_recurrent_decode,
+)
+from reference_engine.ops.norms import gated_rms_norm
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ class Linear:
         return self.weight_packed is not None
 
     @classmethod
-    def dense(cls, weight: torch.Tensor) -> "Linear":
+    def dense(cls, weight: torch.Tensor) -> Linear:
         return cls(int(weight.shape[0]), int(weight.shape[1]), weight=weight)
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:

@@ -11,7 +11,6 @@ import torch
 
 from reference_engine.model.experts import RoutedExperts
 from reference_engine.model.linear import Linear
-
 from reference_engine.ops.moe import router_topk, shared_expert
 
 

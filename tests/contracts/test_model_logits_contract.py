@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contract_driver as driver
 import pytest
 import torch
 
-import contract_driver as driver
 from reference_engine.contract_entries.model import prompt_logits
 
 CONTRACT = driver.load("model/logits")

@@ -13,14 +13,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from hf_oracle import max_rel_error_per_position
 from safetensors.torch import save_file
 
-from hf_oracle import max_rel_error_per_position
 from reference_engine.checkpoint.files import CheckpointError
 from reference_engine.contract_entries.simple_driver import SimpleDriver
 from reference_engine.loader import inspect_checkpoint, load_model
 from reference_engine.model.build import build_model, params_from_state_dict
-from reference_engine.presets import TINY, build_preset, preset_state_dict, save_preset_checkpoint
+from reference_engine.presets import (
+    TINY,
+    build_preset,
+    preset_state_dict,
+    save_preset_checkpoint,
+)
 from reference_engine.quant.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 
 SEED = 11

@@ -12,10 +12,10 @@ import dataclasses
 
 import pytest
 import torch
+from hf_oracle import build_hf_model, hf_logits, max_rel_error_per_position
 
 from reference_engine.contract_entries.simple_driver import SimpleDriver
 from reference_engine.presets import TINY, build_preset, preset_state_dict
-from hf_oracle import build_hf_model, hf_logits, max_rel_error_per_position
 
 BOUND = 1e-4
 SEED = 3

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 import torch
-
 from hf_oracle import max_rel_error_per_position
+
 from reference_engine.contract_entries.simple_driver import SimpleDriver
 from reference_engine.model.experts import RoutedExperts
 from reference_engine.model.linear import Linear
