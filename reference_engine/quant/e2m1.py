@@ -24,41 +24,37 @@ E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _TIE_ROUNDS_UP = (False, True, False, True, False, True, False)
 
-_tables: dict[tuple[str, torch.device], torch.Tensor] = {}
+_values_by_device: dict[torch.device, torch.Tensor] = {}
 
 
-def _table(name: str, device: torch.device) -> torch.Tensor:
-    key = (name, device)
-    if key not in _tables:
-        if name == "midpoints":
-            values = torch.tensor(_MIDPOINTS, dtype=torch.float32)
-        elif name == "tie_up":
-            values = torch.tensor([m for m, up in zip(_MIDPOINTS, _TIE_ROUNDS_UP) if up], dtype=torch.float32)
-        else:  # "values": all 16 codes
-            values = torch.tensor(E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES), dtype=torch.float32)
-        _tables[key] = values.to(device)
-    return _tables[key]
+def _code_values(device: torch.device) -> torch.Tensor:
+    """The value of each of the 16 codes, float32, on `device`."""
+    if device not in _values_by_device:
+        values = E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES)
+        _values_by_device[device] = torch.tensor(values, dtype=torch.float32, device=device)
+    return _values_by_device[device]
 
 
 def encode_e2m1(values: torch.Tensor) -> torch.Tensor:
     """Float tensor (already divided by its scales) -> uint8 codes 0..15 of the same shape."""
     magnitude = values.float().abs()  # [...]
-    midpoints = _table("midpoints", values.device)
-    # Number of midpoints strictly below the magnitude = index of the nearest magnitude, where a
-    # value exactly on a midpoint counts as rounding down ...
-    index = torch.bucketize(magnitude, midpoints, right=False)
-    # ... so bump the midpoints whose upper neighbour is the even code.
-    on_upward_tie = torch.isin(magnitude, _table("tie_up", values.device))
-    index = index + on_upward_tie.to(index.dtype)
+    # Index of the nearest magnitude = number of midpoints strictly below the value (a value exactly
+    # on a midpoint rounds down) ...
+    index = torch.zeros(magnitude.shape, dtype=torch.uint8, device=magnitude.device)
+    for midpoint, tie_rounds_up in zip(_MIDPOINTS, _TIE_ROUNDS_UP):
+        index += magnitude > midpoint
+        # ... except on the midpoints whose upper neighbour is the even code.
+        if tie_rounds_up:
+            index += magnitude == midpoint
     sign = (values < 0).to(torch.uint8) << 3
-    return index.to(torch.uint8) | sign
+    return index | sign
 
 
 def decode_e2m1(codes: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 codes 0..15 -> their float values (exact in any float dtype)."""
     if codes.dtype != torch.uint8:
         raise ValueError(f"E2M1 codes must be uint8, got {codes.dtype}")
-    return _table("values", codes.device)[(codes & 0x0F).long()].to(dtype)
+    return _code_values(codes.device)[(codes & 0x0F).long()].to(dtype)
 
 
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:

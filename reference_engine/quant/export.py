@@ -142,8 +142,8 @@ class _ShardWriter:
         return names
 
 
-def _quantized_tensors(module: str, weight: torch.Tensor, fmt: str, input_scale: torch.Tensor) -> dict[str, torch.Tensor]:
-    packed, block_scale, scale_2 = quantize_nvfp4(weight)
+def _quantized_tensors(module: str, weight: torch.Tensor, fmt: str, input_scale: torch.Tensor, device: str) -> dict[str, torch.Tensor]:
+    packed, block_scale, scale_2 = (tensor.cpu() for tensor in quantize_nvfp4(weight.to(device)))  # bit-identical on any device
     if fmt == "modelopt":
         return {
             f"{module}.weight": packed,
@@ -173,8 +173,14 @@ def quantize_checkpoint(
     progress: bool = True,
     input_amax: float = DEFAULT_INPUT_AMAX,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    device: str | None = None,
 ) -> ExportReport:
-    """Quantize the linear layers of `src_dir` to NVFP4 and write a `fmt` checkpoint to `dst_dir`."""
+    """Quantize the linear layers of `src_dir` to NVFP4 and write a `fmt` checkpoint to `dst_dir`.
+
+    `device` runs the quantizer there (default: cuda when available, else cpu); the CPU path
+    manages a few million weights per second, so the full 35B-parameter model wants a GPU.
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     if not input_amax > 0:
@@ -209,7 +215,7 @@ def quantize_checkpoint(
                             excluded.append(module)
                             writer.add(part_name, part)
                         else:
-                            for out_name, out in _quantized_tensors(module, part, fmt, input_scale).items():
+                            for out_name, out in _quantized_tensors(module, part, fmt, input_scale, device).items():
                                 writer.add(out_name, out)
                             quantized.append(module)
                     bar.update(1)
