@@ -70,7 +70,7 @@ class _BudgetLoader(yaml.SafeLoader):
         super().__init__(stream)
         self.alias_count = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: ANN401 - PyYAML's signature
+    def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             self.alias_count += 1
             if self.alias_count > MAX_ALIASES:
@@ -134,7 +134,13 @@ def parse_yaml(text: str, display: str, first_line: int = 1) -> tuple[YamlDocume
             return None, [
                 Finding(display, number, "", "error", "tab character in indentation", "indent YAML with spaces only")
             ]
-    loader = _BudgetLoader(text)
+    try:
+        loader = _BudgetLoader(text)  # the reader rejects non-printable characters here
+    except yaml.reader.ReaderError as error:
+        line = text[: error.position].count("\n") + first_line
+        code = error.character if isinstance(error.character, int) else ord(error.character)
+        return None, [Finding(display, line, "", "error", f"control character #x{code:04x} is not allowed in YAML",
+                              "remove control characters from the file")]
     try:
         try:
             node = loader.get_single_node()
@@ -206,7 +212,7 @@ class _Builder:
         self.nodes = 0
         self.duplicates: list[tuple[int, KeyPath, Any, int]] = []
 
-    def build(self, node: yaml.Node, path: KeyPath, depth: int) -> Any:  # noqa: ANN401 - YAML data
+    def build(self, node: yaml.Node, path: KeyPath, depth: int) -> Any:
         self.nodes += 1
         if self.nodes > MAX_NODES or depth > MAX_DEPTH:
             limit = f"more than {MAX_NODES} values" if self.nodes > MAX_NODES else f"nesting deeper than {MAX_DEPTH}"

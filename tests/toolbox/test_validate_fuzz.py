@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from conftest import VALID_TREE
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import VALID_TREE
 from toolbox.validate.runner import validate_repository
 
 DOCUMENTS = [
@@ -59,7 +59,7 @@ def test_damaged_documents_give_findings_not_exceptions(tmp_path_factory, change
 
 def test_a_crashing_check_becomes_a_finding(valid_tree: Path, monkeypatch) -> None:
     """The guard itself: a bug in a check is reported on the document, not raised."""
-    import toolbox.validate.runner as runner
+    from toolbox.validate import runner
 
     def broken(*args, **kwargs):
         raise KeyError("boom")

@@ -39,6 +39,12 @@ def test_bad_yaml_is_a_finding(text: str) -> None:
     assert document is None and len(findings) == 1 and findings[0].file == "f"
 
 
+def test_control_character_is_a_finding_with_its_line() -> None:
+    document, findings = parse_yaml("a: 1\nb: x\x00y\n", "f", first_line=2)
+    assert document is None
+    assert (findings[0].line, findings[0].message) == (3, "control character #x0000 is not allowed in YAML")
+
+
 def test_frontmatter_split() -> None:
     assert split_frontmatter("---\na: 1\n---\nbody\n", "s") == ("a: 1", "body\n", 4)
     assert isinstance(split_frontmatter("---\na: 1\n", "s"), Finding)

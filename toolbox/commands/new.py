@@ -94,8 +94,8 @@ def skill_command(name: str, domain: str, description: str | None, contracts: tu
     path.write_text(text, encoding="utf-8")
     click.echo(f"created {path.relative_to(root)}")
     for contract_id in contracts:
-        _link(lambda: add_skill_to_contract(existing[contract_id].path, name), existing[contract_id].path, root,
-              f"added {name} to `skills:` of")
+        path = existing[contract_id].path
+        _link(lambda path=path: add_skill_to_contract(path, name), path, root, f"added {name} to `skills:` of")
 
 
 @command.command(

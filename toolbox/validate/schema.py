@@ -121,7 +121,7 @@ def _describe(value: Any) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value) if not isinstance(value, str) else repr(value)
+    text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
