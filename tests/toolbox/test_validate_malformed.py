@@ -86,7 +86,10 @@ DELETIONS = {"contract-missing-python": [COPY_PY]}
 
 
 def build_case(case: str, tree: Path) -> None:
+    """Overlay the case on the tree; `X.broken` lands as `X` (invalid Python is not committed as .py, so linters pass)."""
     shutil.copytree(MALFORMED / case, tree, dirs_exist_ok=True, ignore=shutil.ignore_patterns("README"))
+    for broken in tree.rglob("*.broken"):
+        broken.replace(broken.with_suffix(""))
     for relative in DELETIONS.get(case, []):
         (tree / relative).unlink()
 
