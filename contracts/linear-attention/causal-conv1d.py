@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 
@@ -38,7 +40,7 @@ def reference(x, weight, cu_seqlens, initial_state):
     out = torch.empty(x.shape, dtype=torch.float64)
     final_state = torch.empty(initial_state.shape, dtype=initial_state.dtype)
     offsets = cu_seqlens.tolist()
-    for seq, (start, end) in enumerate(zip(offsets, offsets[1:])):
+    for seq, (start, end) in enumerate(itertools.pairwise(offsets)):
         history = torch.cat([initial_state[seq].double(), x[start:end].double().T], dim=1)  # [C, K-1+L]
         windows = history.unfold(1, kernel, 1)  # [C, L, K]: window p covers inputs p-(K-1) .. p
         pre = (windows * w[:, None, :]).sum(dim=2)  # [C, L]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 L2_EPS = 1e-6
@@ -64,7 +66,7 @@ def reference(query, key, value, g, beta, cu_seqlens, initial_state, chunk_size=
     out = torch.empty(v.shape, dtype=torch.float64)
     final_state = torch.empty(initial_state.shape, dtype=torch.float64)
     offsets = cu_seqlens.tolist()
-    for seq, (start, end) in enumerate(zip(offsets, offsets[1:])):
+    for seq, (start, end) in enumerate(itertools.pairwise(offsets)):
         state = initial_state[seq].double().clone()  # [Hv, Dk, Dv]
         for t in range(start, end):
             state = state * decay[t][:, None, None]

@@ -13,6 +13,8 @@ Layouts (see contracts/linear-attention/*.yaml):
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -33,7 +35,7 @@ def _check_cu_seqlens(cu_seqlens: torch.Tensor, num_tokens: int, name: str = "cu
     offsets = cu_seqlens.tolist()
     _require(offsets[0] == 0, f"{name} must start at 0, got {offsets[0]}")
     _require(offsets[-1] == num_tokens, f"{name} must end at the number of tokens {num_tokens}, got {offsets[-1]}")
-    _require(all(b >= a for a, b in zip(offsets, offsets[1:])), f"{name} must be non-decreasing, got {offsets}")
+    _require(all(b >= a for a, b in itertools.pairwise(offsets)), f"{name} must be non-decreasing, got {offsets}")
     return offsets
 
 
@@ -201,7 +203,7 @@ def _chunk_rows(offsets: list[int], chunk_size: int, num_tokens: int, device: to
     """Token row for each slot of each sequence's chunks (`num_tokens` = a zero padding row); chunks per sequence."""
     rows: list[torch.Tensor] = []
     chunk_counts = []
-    for start, end in zip(offsets, offsets[1:]):
+    for start, end in itertools.pairwise(offsets):
         count = -(-(end - start) // chunk_size)
         chunk_counts.append(count)
         slots = torch.arange(start, start + count * chunk_size, device=device)

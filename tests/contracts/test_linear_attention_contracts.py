@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,7 +62,7 @@ def conv_without_state(x, weight, cu_seqlens, initial_state, out, final_state):
 
 def conv_missing_silu(x, weight, cu_seqlens, initial_state, out, final_state):
     offsets = cu_seqlens.tolist()
-    for seq, (start, end) in enumerate(zip(offsets, offsets[1:])):
+    for seq, (start, end) in enumerate(itertools.pairwise(offsets)):
         history = torch.cat([initial_state[seq].float(), x[start:end].float().T], dim=1)
         out[start:end] = (history.unfold(1, weight.shape[1], 1) * weight.float()[:, None, :]).sum(2).T.to(out.dtype)
         final_state[seq] = history[:, history.shape[1] - weight.shape[1] + 1 :].to(final_state.dtype)
@@ -96,7 +98,7 @@ def _delta_rule(query, key, value, g, beta, offsets, states, out, *, tile=False,
     expand = (lambda t: t.repeat(1, group, 1)) if tile else (lambda t: t.repeat_interleave(group, dim=1))
     q, k = expand(q), expand(k)
     finals = []
-    for seq, (start, end) in enumerate(zip(offsets, offsets[1:])):
+    for seq, (start, end) in enumerate(itertools.pairwise(offsets)):
         if skip_partial:
             end = start + (end - start) // skip_partial * skip_partial
         state = states[seq].clone()

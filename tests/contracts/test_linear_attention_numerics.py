@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -37,7 +39,7 @@ def test_chunked_prefill_matches_transformers_per_sequence():
     inputs = _gdn_inputs(0, [1, 70, 129])
     out, final = _prefill(inputs)
     offsets = inputs["cu_seqlens"].tolist()
-    for seq, (start, end) in enumerate(zip(offsets, offsets[1:])):
+    for seq, (start, end) in enumerate(itertools.pairwise(offsets)):
         part = [inputs[name][None, start:end] for name in ("query", "key", "value", "g", "beta")]
         expected, state = hf.torch_chunk_gated_delta_rule(
             *part, chunk_size=64, initial_state=inputs["initial_state"][seq : seq + 1], output_final_state=True, use_qk_l2norm_in_kernel=True
@@ -119,14 +121,14 @@ def _chunked_with_bf16_operands(query, key, value, g, beta, cu_seqlens, initial_
     The per-chunk state is kept in fp32 but read through bf16, like FLA-style kernels; its error
     must fit the bf16 tolerance of the contract.
     """
-    bf = lambda t: t.to(torch.bfloat16).float()  # noqa: E731
+    bf = lambda t: t.to(torch.bfloat16).float()
     group = value.shape[1] // query.shape[1]
     q = query.float() * torch.rsqrt((query.float() ** 2).sum(-1, keepdim=True) + 1e-6) * query.shape[-1] ** -0.5
     k = key.float() * torch.rsqrt((key.float() ** 2).sum(-1, keepdim=True) + 1e-6)
     q, k = q.repeat_interleave(group, 1).transpose(0, 1), k.repeat_interleave(group, 1).transpose(0, 1)  # [Hv, T, Dk]
     v, g, beta = value.float().transpose(0, 1), g.T, beta.T
     offsets = cu_seqlens.tolist()
-    for seq, (start, end) in enumerate(zip(offsets, offsets[1:])):
+    for seq, (start, end) in enumerate(itertools.pairwise(offsets)):
         state = initial_state[seq].clone()  # [Hv, Dk, Dv]
         for c0 in range(start, end, chunk_size):
             c1 = min(c0 + chunk_size, end)

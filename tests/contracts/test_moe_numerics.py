@@ -9,12 +9,11 @@ import torch.nn.functional as F
 from reference_engine.ops import moe
 
 hf = pytest.importorskip("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
-from transformers.models.qwen3_5_moe.configuration_qwen3_5_moe import Qwen3_5MoeTextConfig  # noqa: E402
 
 
 def test_moe_block_matches_transformers():
     torch.manual_seed(0)
-    config = Qwen3_5MoeTextConfig(
+    config = hf.Qwen3_5MoeTextConfig(
         hidden_size=32, moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=8, num_experts_per_tok=3
     )
     block = hf.Qwen3_5MoeSparseMoeBlock(config).float()
