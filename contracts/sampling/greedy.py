@@ -10,11 +10,10 @@ def make_inputs(axes, params, dtype, device, generator):
     logits = torch.randn(rows, vocab, generator=generator, dtype=torch.float64) * 3
     for row in range(rows):
         if row % 2 == 0:
-            logits[row] = torch.round(logits[row])  # quantised: the maximum is shared by several tokens
-        else:
-            top = int(logits[row].argmax())
-            twin = int(torch.randint(0, vocab, (1,), generator=generator))
-            logits[row, twin] = logits[row, top]  # a duplicated maximum, before or after the original
+            logits[row] = torch.round(logits[row])  # quantised: ties everywhere, often at the maximum too
+        top = int(logits[row].argmax())
+        twin = (top + 1 + int(torch.randint(0, vocab - 1, (1,), generator=generator))) % vocab
+        logits[row, twin] = logits[row, top]  # the maximum always shared, the twin before or after the original
     batch = {
         "logits": logits.to(dtype),
         "temperature": torch.zeros(rows, dtype=torch.float32),

@@ -48,17 +48,27 @@ def filtered_distribution(row: np.ndarray, temperature: float, top_k: int, top_p
     return probabilities
 
 
-def _safe_top_p(row: np.ndarray, temperature: float, top_k: int, generator: torch.Generator, one_token: bool) -> float:
-    """A top_p inside the step of one of the first (heavy) tokens, at least MARGIN from every cumulative mass."""
+def _safe_top_p(row: np.ndarray, temperature: float, top_k: int, generator: torch.Generator, kind: int) -> float:
+    """A top_p inside the step of one of the first (heavy) tokens, at least MARGIN from every cumulative mass.
+
+    For rows with both filters (kind 4) the step is also chosen so that top-p applied BEFORE top-k
+    (on the unrenormalised distribution) would keep more tokens: the order of the filters shows.
+    """
     _, masses = _top_k_masses(row, temperature, top_k)
     cumulative = np.concatenate([[0.0], np.cumsum(masses)])
-    heavy = [j for j in range(min(len(masses), 8)) if masses[j] >= 10 * MARGIN]
-    if one_token or len(heavy) == 0:
-        heavy = [0]
+    low = cumulative[:-1].copy()  # lower end of each token's step
+    if kind == 4:
+        _, full = _top_k_masses(row, temperature, 0)
+        low = np.maximum(low, np.cumsum(full)[: len(masses)])  # above the full-distribution mass of the same prefix
+    candidates = [j for j in range(min(len(masses), 8)) if cumulative[j + 1] - low[j] >= 10 * MARGIN]
+    if kind == 4:
+        candidates = [j for j in candidates if j + 1 < len(masses)]
+    if kind == 6 or not candidates:
+        candidates = [0]
     for _ in range(50):
-        j = heavy[int(torch.randint(0, len(heavy), (1,), generator=generator))]
+        j = candidates[int(torch.randint(0, len(candidates), (1,), generator=generator))]
         fraction = 0.25 + 0.5 * float(torch.rand(1, generator=generator, dtype=torch.float64))
-        value = float(np.float32(cumulative[j] + fraction * masses[j]))
+        value = float(np.float32(low[j] + fraction * (cumulative[j + 1] - low[j])))
         if np.abs(cumulative[1:] - value).min() >= MARGIN and 0 < value < 1:
             return value
     raise AssertionError("could not place top_p away from the cumulative masses; pick another seed")
@@ -93,7 +103,7 @@ def make_inputs(axes, params, dtype, device, generator):
         else:
             t, p = uniform(0.5, 0.8), 0.02
         if kind != 0 and p < 1:
-            p = _safe_top_p(logits[row].numpy(), float(np.float32(t)), k, generator, one_token=kind == 6)
+            p = _safe_top_p(logits[row].numpy(), float(np.float32(t)), k, generator, kind)
         temperature.append(t)
         top_k.append(k)
         top_p.append(p)
