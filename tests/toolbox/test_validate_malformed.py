@@ -56,6 +56,7 @@ EXPECTED: dict[str, tuple[str, int | None, str, str, str]] = {
     "skill-no-changelog": (SKILL, 21, "changelog", "does not end with a `## Changelog` section", "error"),
     "skill-changelog-not-last": (SKILL, 28, "changelog", "`## Appendix` follows it", "error"),
     "skill-missing-bundled-file": (SKILL, 17, "body", "mentions `references/derivation.md`, which is not a file", "error"),
+    "skill-rejected-by-skills-ref": (METHOD, 1, "frontmatter", "skills-ref validate: Invalid YAML in frontmatter", "error"),
     "skill-body-too-long": (SKILL, 514, "body", "body has 532 lines, over 500", "warning"),
     "contract-wrong-type": (COPY, 33, "cases[0].seed", "valid integer", "error"),
     "contract-unknown-field": (COPY, 9, "author", "unknown key `author`", "error"),

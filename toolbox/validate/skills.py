@@ -99,7 +99,7 @@ def skills_ref_findings(skill: SkillDocument) -> list[Finding]:
     except Exception as error:  # noqa: BLE001 - a third-party validator must not crash ours
         messages = [f"skills-ref crashed: {type(error).__name__}: {error}"]
     return [
-        Finding(skill.display, 1, "frontmatter", "error", f"skills-ref validate: {message}",
+        Finding(skill.display, 1, "frontmatter", "error", f"skills-ref validate: {' '.join(str(message).split())}",
                 "the public validator parses frontmatter with strictyaml: avoid flow style ([a, b], {k: v}) "
                 "and `---` inside values")
         for message in messages
