@@ -243,3 +243,15 @@ def test_inspect_reports_formats(tmp_path, dense_state):
     assert scheme.kind == "compressed-tensors"
     formats = {item.name: item.linear.format for item in plan if item.kind == "linear"}
     assert formats["layers.0.linear_attn.in_proj_qkv"] == "nvfp4" and formats["layers.0.mlp.gate"] == "dense"
+
+
+def test_transformers_save_pretrained_checkpoint(tmp_path):
+    """A checkpoint written by transformers itself (text-only model: prefix `model.`) loads to its logits."""
+    from hf_oracle import build_hf_model, hf_logits
+
+    hf_model = build_hf_model(TINY.to_hf(), preset_state_dict("tiny", seed=SEED + 1))
+    hf_model.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path, dtype=torch.float32, progress=False)
+    prompt = PROMPTS[0]
+    logits = SimpleDriver(loaded, 1, 16).step([0], [prompt])[0]
+    assert max_rel_error_per_position(logits, hf_logits(hf_model, prompt)) < 1e-4
