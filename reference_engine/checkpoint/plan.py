@@ -5,11 +5,13 @@ dtypes from the safetensors headers. Linear formats are read per layer from the 
 dense (floating `weight`), ModelOpt NVFP4 (`weight` uint8 + `weight_scale` fp8 + `weight_scale_2`
 [+ `input_scale`]), ModelOpt FP8 (`weight` float8_e4m3fn + `weight_scale`; dequantised on load) and
 compressed-tensors NVFP4 (`weight_packed` + `weight_scale` + `weight_global_scale` [+ `input_global_scale`]).
-Any mismatch raises CheckpointError naming the tensor and what was expected.
+Any mismatch raises CheckpointError naming the tensor and what was expected. A declared exclusion list
+(ModelOpt `exclude_modules`, compressed-tensors `ignore`) that disagrees with the tensors only warns.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -98,8 +100,8 @@ def plan_linear(files: CheckpointFiles, module: str, shape: tuple[int, int], sch
     else:
         _expect(files, module + ".weight", shape, "floating", "dense linear")
         return LinearSource(module, "dense", {"weight": module + ".weight"})
-    if scheme.is_excluded(module):
-        raise CheckpointError(f"module {module!r} is listed as excluded from quantisation but its tensors are {source.format}")
+    if scheme.is_excluded(module):  # the tensors decide; an over-broad exclusion pattern is only worth a warning
+        warnings.warn(f"module {module!r} matches the checkpoint's exclusion list but its tensors are {source.format}; loading them as {source.format}", stacklevel=2)
     return source
 
 

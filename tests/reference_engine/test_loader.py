@@ -255,3 +255,13 @@ def test_transformers_save_pretrained_checkpoint(tmp_path):
     prompt = PROMPTS[0]
     logits = SimpleDriver(loaded, 1, 16).step([0], [prompt])[0]
     assert max_rel_error_per_position(logits, hf_logits(hf_model, prompt)) < 1e-4
+
+
+def test_exclusion_list_that_disagrees_with_the_tensors_warns(tmp_path, dense_state):
+    stored, _ = _quantise_state(dense_state, "modelopt")
+    files = _modelopt_files("NVFP4")
+    files["hf_quant_config.json"]["quantization"]["exclude_modules"].append("*.self_attn.q_proj")
+    config = dict(TINY.to_hf(), quantization_config={"quant_method": "modelopt"})
+    with pytest.warns(UserWarning, match=r"model\.layers\.3\.self_attn\.q_proj"):
+        _, scheme, _ = inspect_checkpoint(_write(tmp_path, stored, config, files))
+    assert scheme.is_excluded("model.layers.0.mlp.gate") and not scheme.is_excluded("model.layers.0.mlp.experts.0.gate_proj")
