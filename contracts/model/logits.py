@@ -248,7 +248,7 @@ def _judge(expected: list[torch.Tensor], actual, vocab: int, bounds: tuple[float
     mean_bound, max_bound, top1_bound, _ = bounds
     message = f"KL mean {kl_mean:.3e} (bound {mean_bound:.0e}), max {kl_max:.3e} (bound {max_bound:.0e}), top-1 agreement {top1:.4f} (bound {top1_bound}) over {kl.numel()} positions"
     assert kl_mean <= mean_bound and kl_max <= max_bound and top1 >= top1_bound, message
-    return {"max_abs_error": kl_max, "message": message}
+    return {"message": message}  # KL is no absolute error, so it travels in the message only
 
 
 def run(impl, axes: dict, params: dict, dtype: torch.dtype, device: str, generator: torch.Generator) -> dict:
