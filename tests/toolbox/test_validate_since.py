@@ -82,6 +82,21 @@ def test_contract_python_change_needs_bump(repo: Path, toolbox_cli) -> None:
     assert toolbox_cli("validate", "--since", "HEAD", cwd=repo).exit_code == 0
 
 
+def test_changed_bundled_file_needs_bump(repo: Path, toolbox_cli) -> None:
+    script = repo / "knowledge/method/demo-method/scripts/check_demo.py"
+    script.write_text(script.read_text() + "print('more')\n")
+    result = toolbox_cli("validate", "--since", "HEAD", cwd=repo)
+    assert result.exit_code == 1
+    assert ("knowledge/method/demo-method/SKILL.md:5: error: metadata.version: changed since HEAD (its "
+            "knowledge/method/demo-method/scripts/check_demo.py changed) but the version is still 0.1.0") in result.stdout
+    new_file = repo / "knowledge/method/demo-method/references/notes.md"
+    new_file.parent.mkdir()
+    new_file.write_text("notes\n")
+    script.write_text(script.read_text().replace("print('more')\n", ""))
+    result = toolbox_cli("validate", "--since", "HEAD", cwd=repo)
+    assert "(its knowledge/method/demo-method/references/notes.md changed)" in result.stdout
+
+
 def test_new_document_needs_no_bump(repo: Path, toolbox_cli) -> None:
     result = toolbox_cli("new", "skill", "demo-new", "--domain", "method", cwd=repo)
     assert result.exit_code == 0, result.output

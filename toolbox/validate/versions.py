@@ -47,15 +47,21 @@ def check_revision(root: Path, rev: str) -> None:
 
 def version_findings(root: Path, rev: str, skills: list[SkillDocument], contracts: list[ContractDocument]) -> list[Finding]:
     findings = []
+    changed = _changed_paths(root, rev)
     for skill in skills:
         if skill.frontmatter is None or skill.yaml is None:
             continue
         old = _old_text(root, rev, skill.path)
-        if old is None or old == _read(skill.path):
+        if old is None:
+            continue  # new since REV
+        folder = skill.display.rsplit("/", 1)[0] + "/"
+        others = sorted(p for p in changed if p.startswith(folder) and p != skill.display)
+        if old == _read(skill.path) and not others:
             continue
         previous = _old_skill_version(old)
+        detail = f" (its {others[0]} changed)" if old == _read(skill.path) else ""
         findings += _compare(skill.display, skill.yaml.line_of(("metadata", "version")), "metadata.version",
-                             skill.frontmatter.metadata.version, previous, rev)
+                             skill.frontmatter.metadata.version, previous, rev, detail)
     for document in contracts:
         if document.contract is None or document.yaml is None:
             continue
@@ -89,6 +95,16 @@ def _compare(display: str, line: int | None, field: str, current: str, previous:
                         "bump it (MAJOR: passing implementations may now fail; MINOR: cases or optional fields "
                         "added; PATCH: prose) and add a changelog entry for the new version")]
     return []
+
+
+def _changed_paths(root: Path, rev: str) -> set[str]:
+    """Paths (relative to root) that differ from REV in the working tree, untracked new files included."""
+    paths: set[str] = set()
+    for args in (("diff", "--name-only", "--relative", rev, "--", "."), ("ls-files", "--others", "--exclude-standard")):
+        result = _git(root, *args)
+        if result is not None and result.returncode == 0:
+            paths.update(line for line in result.stdout.decode("utf-8", errors="replace").splitlines() if line)
+    return paths
 
 
 def _old_skill_version(text: str) -> str | None:
