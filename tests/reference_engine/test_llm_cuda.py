@@ -6,15 +6,20 @@ import pytest
 import torch
 
 from reference_engine import LLM, SamplingParams
+from reference_engine.presets import save_preset_checkpoint
+from reference_engine.tokenizer import tiny_tokenizer
 
 PROMPTS = ["The capital of France is", "Hello", "Once upon a time there was a small model that wanted to answer"]
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
 
 @pytest.mark.cuda
-def test_tiny_on_cuda_matches_cpu():
-    cpu = LLM(model="tiny", max_model_len=128, max_num_batched_tokens=9)
-    cuda = LLM(model="tiny", device="cuda", max_model_len=128, max_num_batched_tokens=9)
+def test_tiny_on_cuda_matches_cpu(tmp_path):
+    """The same weights on both devices (a preset draws its weights on the target device, so go through a checkpoint)."""
+    save_preset_checkpoint("tiny", tmp_path, seed=0)
+    tiny_tokenizer().tokenizer.save(str(tmp_path / "tokenizer.json"))
+    cpu = LLM(model=str(tmp_path), max_model_len=128, max_num_batched_tokens=9)
+    cuda = LLM(model=str(tmp_path), device="cuda", max_model_len=128, max_num_batched_tokens=9)
     expected = [o.outputs[0].token_ids for o in cpu.generate(PROMPTS, GREEDY, use_tqdm=False)]
     actual = [o.outputs[0].token_ids for o in cuda.generate(PROMPTS, GREEDY, use_tqdm=False)]
     assert actual == expected
