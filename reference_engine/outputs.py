@@ -14,7 +14,9 @@ class CompletionOutput:
     text: str
     token_ids: tuple[int, ...]
     finish_reason: FinishReason | None  # None while the request still runs
-    logprobs: tuple[dict[int, float], ...] | None = None  # per generated token: top-k token id -> logprob, plus the sampled one
+    # Per generated token: token id -> log-probability for the top `SamplingParams.logprobs` tokens plus the sampled one,
+    # from the model's own distribution (before temperature, top-k, top-p and min_tokens masking).
+    logprobs: tuple[dict[int, float], ...] | None = None
     stop_reason: int | None = None  # the token id that stopped it, when finish_reason is "stop"
 
     @property

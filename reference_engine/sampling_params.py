@@ -43,7 +43,7 @@ class SamplingParams:
         if self.logprobs is not None and (not _is_int(self.logprobs) or self.logprobs < 0):
             raise ValueError(f"logprobs must be an integer >= 0 (how many top tokens), got {self.logprobs!r}")
         if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")  # noqa: TRY004 - one error type for bad params
 
     @property
     def is_greedy(self) -> bool:

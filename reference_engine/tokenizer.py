@@ -9,6 +9,7 @@ merges come out on every machine. Any text round-trips, since every byte has a t
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
@@ -66,7 +67,7 @@ def _learn_merges(words: Counter, count: int) -> list[tuple[str, str]]:
         pairs: Counter = Counter()
         for word, frequency in words.items():
             parts = pieces[word]
-            for left, right in zip(parts, parts[1:]):
+            for left, right in itertools.pairwise(parts):
                 pairs[(left, right)] += frequency
         if not pairs:
             break
@@ -108,7 +109,7 @@ class TextTokenizer:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     @classmethod
-    def from_dir(cls, path: str | Path) -> "TextTokenizer":
+    def from_dir(cls, path: str | Path) -> TextTokenizer:
         """Load `tokenizer.json` of a checkpoint; end-of-sequence ids from generation_config.json or config.json."""
         directory = Path(path)
         file = directory / "tokenizer.json"

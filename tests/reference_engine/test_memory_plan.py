@@ -16,7 +16,13 @@ from __future__ import annotations
 import pytest
 
 from reference_engine.config import ModelConfig
-from reference_engine.memory_plan import kv_bytes_per_token, linear_bytes, plan, state_bytes_per_sequence, weight_bytes
+from reference_engine.memory_plan import (
+    kv_bytes_per_token,
+    linear_bytes,
+    plan,
+    state_bytes_per_sequence,
+    weight_bytes,
+)
 
 H200_BYTES = 141_000_000_000
 
