@@ -173,6 +173,14 @@ def test_bad_arguments_raise_clearly():
         SamplingParams(min_tokens=5, max_tokens=2)
     with pytest.raises(ValueError, match="top_k"):
         SamplingParams(top_k=-3)
+    for bad in ({"max_tokens": True}, {"max_tokens": 0}, {"logprobs": -1}, {"seed": -1}, {"stop_token_ids": [1, -2]},
+                {"temperature": float("nan")}, {"ignore_eos": "yes"}):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+    assert SamplingParams(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)
+    assert SamplingParams(top_k=-1).top_k_or_disabled == 0 and SamplingParams(top_k=5).top_k_or_disabled == 5
+    with pytest.raises(ValueError, match="prompts or prompt_token_ids, not both"):
+        LLM.__new__(LLM)._requests(["a"], None, [1])
 
 
 def test_stream_pieces_add_up_to_generate(llm, batched):
