@@ -255,3 +255,41 @@ def test_rope_matches_transformers_apply_rotary_pos_emb():
     rotated, _ = modeling.apply_rotary_pos_emb(x, x, cos_full[None], sin_full[None])
     expected = loaded.module.reference(**inputs, **params)["out"]
     assert torch.allclose(rotated[0].transpose(0, 1).double(), expected, atol=1e-5)
+
+
+# ---- the same checks through the real harness (toolbox.harness), in process --------------------
+
+HARNESS_TARGETS = {
+    "attention/partial-rope": "reference_engine.ops.attention:partial_rope",
+    "attention/qk-norm": "reference_engine.ops.norms:rms_norm",
+    "attention/q-gate-split": "reference_engine.ops.attention:split_q_gate",
+    "attention/output-gate": "reference_engine.ops.attention:output_gate",
+    "attention/gqa-prefill": "reference_engine.ops.attention:gqa_prefill",
+    "attention/paged-prefill": "reference_engine.ops.attention:paged_prefill",
+    "attention/paged-decode": "reference_engine.ops.attention:paged_decode",
+}
+MODULE = "test_attention_contracts"
+HARNESS_WRONG = [
+    ("attention/partial-rope", "rope_interleaved", "INCORRECT_NUMERICAL"),
+    ("attention/q-gate-split", "split_two_blocks", "INCORRECT_NUMERICAL"),
+    ("attention/output-gate", "gate_missing", "INCORRECT_NUMERICAL"),
+    ("attention/gqa-prefill", "gqa_no_causal_mask", "INCORRECT_NUMERICAL"),
+    ("attention/paged-decode", "decode_ignores_seq_lens", "INCORRECT_NUMERICAL"),
+]
+
+
+@pytest.mark.parametrize("contract_id", sorted(HARNESS_TARGETS))
+def test_engine_op_passes_through_the_toolbox_harness(contract_id):
+    harness = pytest.importorskip("toolbox.harness")
+    records = harness.run_contracts([contract_id], impl=HARNESS_TARGETS[contract_id], devices=["cpu"], isolation=False)
+    assert records and all(record.status.value == "PASSED" for record in records), [(r.case, r.status.value, r.message) for r in records if r.status.value != "PASSED"]
+
+
+@pytest.mark.parametrize("contract_id,impl,status", HARNESS_WRONG, ids=[w[1] for w in HARNESS_WRONG])
+def test_known_wrong_implementation_fails_through_the_toolbox_harness(contract_id, impl, status):
+    harness = pytest.importorskip("toolbox.harness")
+    records = harness.run_contracts([contract_id], impl=f"{MODULE}:{impl}", devices=["cpu"], isolation=False)
+    cases = {record.case: record.status.value for record in records if record.kind == "case"}
+    errors = {record.case: record.status.value for record in records if record.kind == "error"}
+    assert cases and set(cases.values()) == {status}, cases
+    assert set(errors.values()) <= {"MISSING_ERROR", "PASSED"}, errors  # wrong impls skip the input checks

@@ -99,3 +99,35 @@ def test_bf16_rounding_floor_is_well_inside_the_tolerance():
             if case.dtype == "bfloat16":
                 outcome = driver.rounded_reference(loaded, case)
                 assert outcome.status == "PASSED", (contract_id, case.name, outcome.message)
+
+
+# ---- the same checks through the real harness (toolbox.harness), in process --------------------
+
+HARNESS_TARGETS = {
+    "norms-and-activations/rmsnorm": "reference_engine.ops.norms:rms_norm",
+    "norms-and-activations/gated-rmsnorm": "reference_engine.ops.norms:gated_rms_norm",
+    "norms-and-activations/fused-add-rmsnorm": "reference_engine.ops.norms:fused_add_rms_norm",
+}
+MODULE = "test_norms_contracts"
+HARNESS_WRONG = [
+    ("norms-and-activations/rmsnorm", "rms_norm_llama_weight", "INCORRECT_NUMERICAL"),
+    ("norms-and-activations/gated-rmsnorm", "gated_zero_centred", "INCORRECT_NUMERICAL"),
+    ("norms-and-activations/fused-add-rmsnorm", "fused_residual_not_written", "UNWRITTEN_OUTPUT"),
+]
+
+
+@pytest.mark.parametrize("contract_id", sorted(HARNESS_TARGETS))
+def test_engine_op_passes_through_the_toolbox_harness(contract_id):
+    harness = pytest.importorskip("toolbox.harness")
+    records = harness.run_contracts([contract_id], impl=HARNESS_TARGETS[contract_id], devices=["cpu"], isolation=False)
+    assert records and all(record.status.value == "PASSED" for record in records), [(r.case, r.status.value, r.message) for r in records if r.status.value != "PASSED"]
+
+
+@pytest.mark.parametrize("contract_id,impl,status", HARNESS_WRONG, ids=[w[1] for w in HARNESS_WRONG])
+def test_known_wrong_implementation_fails_through_the_toolbox_harness(contract_id, impl, status):
+    harness = pytest.importorskip("toolbox.harness")
+    records = harness.run_contracts([contract_id], impl=f"{MODULE}:{impl}", devices=["cpu"], isolation=False)
+    cases = {record.case: record.status.value for record in records if record.kind == "case"}
+    errors = {record.case: record.status.value for record in records if record.kind == "error"}
+    assert cases and set(cases.values()) == {status}, cases
+    assert set(errors.values()) <= {"MISSING_ERROR", "PASSED"}, errors  # wrong impls skip the input checks

@@ -140,6 +140,8 @@ def test_known_wrong_sampler_is_caught(impl, reason):
         assert outcome.status == "INCORRECT_NUMERICAL" and reason in outcome.message, (name, outcome)
 
 
+greedy_ties_to_highest_id = _sampler(ties_high=True)  # importable by name for the harness
+
 GREEDY_WRONG = [
     ("ties_to_highest_id", _sampler(ties_high=True), "INCORRECT_NUMERICAL"),
     ("greedy_rows_unwritten", sampler_greedy_rows_unwritten, "UNWRITTEN_OUTPUT"),
@@ -151,3 +153,33 @@ def test_known_wrong_greedy_is_caught(impl, status):
     loaded = driver.load(GREEDY)
     statuses = {case.name: driver.run_case(loaded, impl, case).status for case in loaded.cpu_cases()}
     assert set(statuses.values()) == {status}, statuses
+
+
+# ---- the same checks through the real harness (toolbox.harness), in process --------------------
+
+HARNESS_TARGETS = {
+    "sampling/greedy": "reference_engine.ops.sampling:sample_tokens",
+    "sampling/stochastic": "reference_engine.ops.sampling:sample_tokens",
+}
+MODULE = "test_sampling_contracts"
+HARNESS_WRONG = [
+    ("sampling/greedy", "greedy_ties_to_highest_id", "INCORRECT_NUMERICAL"),
+    ("sampling/stochastic", "sampler_non_reproducible", "INCORRECT_NUMERICAL"),
+]
+
+
+@pytest.mark.parametrize("contract_id", sorted(HARNESS_TARGETS))
+def test_engine_op_passes_through_the_toolbox_harness(contract_id):
+    harness = pytest.importorskip("toolbox.harness")
+    records = harness.run_contracts([contract_id], impl=HARNESS_TARGETS[contract_id], devices=["cpu"], isolation=False)
+    assert records and all(record.status.value == "PASSED" for record in records), [(r.case, r.status.value, r.message) for r in records if r.status.value != "PASSED"]
+
+
+@pytest.mark.parametrize("contract_id,impl,status", HARNESS_WRONG, ids=[w[1] for w in HARNESS_WRONG])
+def test_known_wrong_implementation_fails_through_the_toolbox_harness(contract_id, impl, status):
+    harness = pytest.importorskip("toolbox.harness")
+    records = harness.run_contracts([contract_id], impl=f"{MODULE}:{impl}", devices=["cpu"], isolation=False)
+    cases = {record.case: record.status.value for record in records if record.kind == "case"}
+    errors = {record.case: record.status.value for record in records if record.kind == "error"}
+    assert cases and set(cases.values()) == {status}, cases
+    assert set(errors.values()) <= {"MISSING_ERROR", "PASSED"}, errors  # wrong impls skip the input checks
