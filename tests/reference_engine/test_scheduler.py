@@ -92,6 +92,9 @@ def test_abort_returns_blocks_and_slots():
         assert seq.finish_reason == "abort" and seq.status is SequenceStatus.FINISHED
     assert scheduler.block_manager.num_free_blocks == 16 and scheduler.slot_pool.num_free_slots == 3
     assert not scheduler.has_unfinished()
+    scheduler.add(_seq("queued", 3))
+    assert scheduler.abort("queued").finish_reason == "abort" and not scheduler.waiting  # a waiting request holds nothing
+    assert scheduler.schedule().chunks == ()
     with pytest.raises(KeyError):
         scheduler.abort("r0")
 
