@@ -101,6 +101,8 @@ class ModelConfig:
             raise ConfigError(
                 f"partial_rotary_factor={self.partial_rotary_factor} gives rotary_dim={self.rotary_dim}; it must be even, >= 2 and <= head_dim"
             )
+        if self.linear_conv_kernel_dim < 2:
+            raise ConfigError(f"linear_conv_kernel_dim={self.linear_conv_kernel_dim} must be at least 2 (the conv state holds K-1 inputs)")
         if self.num_experts_per_tok > self.num_experts:
             raise ConfigError(f"num_experts_per_tok={self.num_experts_per_tok} exceeds num_experts={self.num_experts}")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:

@@ -53,6 +53,8 @@ def test_older_top_level_rope_fields():
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"num_experts_per_tok": 300}, "num_experts_per_tok"),
         ({"hidden_size": 0}, "hidden_size"),
+        ({"linear_conv_kernel_dim": 1}, "linear_conv_kernel_dim"),
+        ({"linear_num_value_heads": 24}, "linear_num_value_heads"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e7}}, "yarn"),
     ],
 )
