@@ -12,13 +12,13 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fixture_impls  # noqa: E402
+import fixture_impls
 
-from toolbox.commands.bench import command  # noqa: E402
-from toolbox.harness.hardware import load_profiles  # noqa: E402
-from toolbox.harness.inputs import bind  # noqa: E402
-from toolbox.harness.loading import load_contract  # noqa: E402
-from toolbox.harness.roofline import MAX_INPUT_SETS, input_sets_needed, roofline_point  # noqa: E402
+from toolbox.commands.bench import command
+from toolbox.harness.hardware import load_profiles
+from toolbox.harness.inputs import bind
+from toolbox.harness.loading import load_contract
+from toolbox.harness.roofline import MAX_INPUT_SETS, input_sets_needed, roofline_point
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "contracts"
 IMPLS = fixture_impls.__name__

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fixture_impls  # noqa: E402
+import fixture_impls
 
-from toolbox.commands.test import command  # noqa: E402
-from toolbox.harness.records import ENVIRONMENT_KEYS, environment  # noqa: E402
+from toolbox.commands.test import command
+from toolbox.harness.records import ENVIRONMENT_KEYS, environment
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "contracts"
 IMPLS = fixture_impls.__name__
@@ -185,3 +185,10 @@ def test_table_output_names_statuses_and_summary() -> None:
 def test_help_has_examples() -> None:
     result = invoke("--help")
     assert result.exit_code == 0 and "Examples:" in result.output and "--engine reference_engine" in result.output
+
+
+def test_public_api_names_resolve() -> None:
+    from toolbox import harness
+
+    for name in harness.__all__:
+        assert getattr(harness, name) is not None

@@ -9,10 +9,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import fixture_impls  # noqa: E402
+import fixture_impls
 
-from toolbox.harness.isolation import Job, run_job_inline, run_job_isolated  # noqa: E402
-from toolbox.harness.statuses import Status  # noqa: E402
+from toolbox.harness.isolation import Job, run_job_inline, run_job_isolated
+from toolbox.harness.statuses import Status
 
 DEMO = Path(__file__).resolve().parent / "fixtures" / "contracts" / "demo"
 IMPLS = fixture_impls.__name__
@@ -151,3 +151,12 @@ def test_spawned_worker_is_reused_and_replaced_after_a_crash() -> None:
         assert after.status == Status.PASSED and worker._process.pid != pid
     finally:
         worker.stop()
+
+
+def test_forked_child_survives_parent_openmp_use() -> None:
+    """Regression: after the parent ran a parallel CPU op, a forked child running one hung (GNU OpenMP and fork)."""
+    import torch
+
+    torch.softmax(torch.randn(2048, 1024), dim=-1)  # large enough for intra-op parallelism in this process
+    outcome = run_job_isolated(job("softmax-inplace", "softmax_inplace", "rows"), timeout_s=20)
+    assert outcome.status == Status.PASSED, outcome.message

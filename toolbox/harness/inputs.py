@@ -92,7 +92,7 @@ def bind(
     return Binding(bound_axes, bound_params, torch_dtype(dtype), device, seed)
 
 
-def spec_shape(spec: TensorSpec, binding: "Binding", name: str) -> tuple[int, ...]:
+def spec_shape(spec: TensorSpec, binding: Binding, name: str) -> tuple[int, ...]:
     axes = expression_env(binding.axes, binding.params)
     shape = []
     for entry in spec.shape:

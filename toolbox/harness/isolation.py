@@ -42,6 +42,15 @@ def run_job_inline(job: Job) -> Outcome:
     return execute(loaded, job.kind, job.name, impl, device=job.device)
 
 
+def _forked_child(job: Job, connection) -> None:
+    """A forked child must not enter OpenMP parallel regions: GNU OpenMP's thread pool, once the parent
+    has used it, does not survive fork, and the child would hang. One intra-op thread avoids it."""
+    import torch
+
+    torch.set_num_threads(1)
+    _child(job, connection)
+
+
 def _child(job: Job, connection, close: bool = True) -> None:
     try:
         outcome = run_job_inline(job)
@@ -129,7 +138,7 @@ def run_job_isolated(job: Job, timeout_s: float) -> Outcome:
         return _WORKERS.setdefault("cuda", SpawnedWorker()).run(job, timeout_s)
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(job, sender), daemon=True)
+    process = context.Process(target=_forked_child, args=(job, sender), daemon=True)
     process.start()
     sender.close()
     try:

@@ -8,7 +8,7 @@ import platform
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ def environment(repo_dir: Path | None = None) -> dict[str, Any]:
         "platform": platform.platform(),
         "commit": commit.strip() if commit else "unknown",
         "dirty": bool(status.strip()) if status is not None else None,
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 

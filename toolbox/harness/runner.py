@@ -8,8 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from toolbox.harness.discovery import DEVICES, Declared, engine_implementations
-from toolbox.harness.isolation import Job, run_job_inline, run_job_isolated, stop_workers
-from toolbox.harness.loading import DEFAULT_CONTRACTS_DIR, LoadedContract, contract_paths, import_function, load_contract
+from toolbox.harness.isolation import (
+    Job,
+    run_job_inline,
+    run_job_isolated,
+    stop_workers,
+)
+from toolbox.harness.loading import (
+    DEFAULT_CONTRACTS_DIR,
+    LoadedContract,
+    contract_paths,
+    import_function,
+    load_contract,
+)
 from toolbox.harness.outcome import Outcome
 from toolbox.harness.records import Record, environment
 from toolbox.harness.statuses import ContractError, Status, UsageError
