@@ -183,3 +183,14 @@ def test_known_wrong_implementation_fails_through_the_toolbox_harness(contract_i
     errors = {record.case: record.status.value for record in records if record.kind == "error"}
     assert cases and set(cases.values()) == {status}, cases
     assert set(errors.values()) <= {"MISSING_ERROR", "PASSED"}, errors  # wrong impls skip the input checks
+
+
+CUDA_CASES = [(cid, case.name) for cid in (GREEDY, STOCHASTIC) for case in driver.load(cid).contract.cases if case.device == "cuda"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("contract_id,case_name", CUDA_CASES)
+def test_engine_op_passes_cuda_cases(contract_id, case_name):
+    loaded = driver.load(contract_id)
+    outcome = driver.run_case(loaded, sampling.sample_tokens, loaded.case(case_name), device="cuda")
+    assert outcome.status == "PASSED", outcome.message
