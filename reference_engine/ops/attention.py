@@ -71,7 +71,8 @@ def split_q_gate(q_proj_out: torch.Tensor, query: torch.Tensor, gate: torch.Tens
     head_dim = query_head_dim
     _check_like("q_proj_out", q_proj_out, (tokens, heads * 2 * head_dim), query.dtype, query.device)
     _check_like("gate", gate, (tokens, heads * head_dim), query.dtype, query.device)
-    per_head = q_proj_out.view(tokens, heads, 2, head_dim)  # [T, H, 2, D]
+    _require(gate.is_contiguous(), "gate must be contiguous (it is written through a per-head view)")
+    per_head = q_proj_out.reshape(tokens, heads, 2, head_dim)  # [T, H, 2, D]
     query.copy_(per_head[:, :, 0, :])
     gate.view(tokens, heads, head_dim).copy_(per_head[:, :, 1, :])
     return query
@@ -209,7 +210,7 @@ def paged_decode(
     keys = k_cache[blocks].flatten(1, 2).float()  # [B, L, Hkv, D]
     values = v_cache[blocks].flatten(1, 2).float()
     group = query_heads // kv_heads
-    q = query.float().view(batch, kv_heads, group, head_dim)  # [B, Hkv, G, D]
+    q = query.float().reshape(batch, kv_heads, group, head_dim)  # [B, Hkv, G, D]
     scores = torch.einsum("bhgd,blhd->bhgl", q, keys) * scale  # [B, Hkv, G, L]
     valid = torch.arange(keys.shape[1], device=query.device)[None, :] < seq_lens.to(query.device).long()[:, None]  # [B, L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
