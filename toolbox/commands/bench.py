@@ -41,6 +41,8 @@ def command(contract, impl, profile_key, benchmarks, runs, contracts_dir, output
     from toolbox.harness.statuses import ContractError, UsageError
 
     err = Console(stderr=True)
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # --impl modules resolve from the working directory, as with `python -m`
     try:
         import torch
 

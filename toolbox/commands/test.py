@@ -47,6 +47,8 @@ def command(contracts, impl, engine, devices, cases, timeout_s, no_isolation, co
     from toolbox.harness.statuses import ContractError, UsageError
 
     err = Console(stderr=True)
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # --impl modules resolve from the working directory, as with `python -m`
     try:
         if list_only:
             if engine is None:
