@@ -79,7 +79,7 @@ def _reference(loaded: LoadedContract, inputs: dict[str, torch.Tensor], params: 
         result = function(**clone_all(inputs, "cpu"), **params)
     except Exception as error:
         raise ContractError(f"reference raised {last_line(error)}") from None
-    if not isinstance(result, dict) or set(result) < set(loaded.contract.outputs):
+    if not isinstance(result, dict) or not set(loaded.contract.outputs) <= set(result):
         got = sorted(result) if isinstance(result, dict) else type(result).__name__
         raise ContractError(f"reference returned {got}; expected every output {sorted(loaded.contract.outputs)}")
     return result
@@ -100,6 +100,10 @@ def _run_dps(loaded: LoadedContract, binding: Binding, impl: Callable) -> Outcom
     contract = loaded.contract
     inputs = make_inputs(loaded, binding)
     reference = _reference(loaded, inputs, binding.params)
+    for name, spec in contract.outputs.items():
+        declared = spec_shape(spec, binding, name)
+        if tuple(reference[name].shape) != declared:
+            raise ContractError(f"reference output {name!r} has shape {tuple(reference[name].shape)}, declared {declared} ({spec.shape})")
     call_inputs, outputs, returned = _dps_call(loaded, binding, impl, inputs, pattern=0)
     if binding.device == "cuda":
         torch.cuda.synchronize()
