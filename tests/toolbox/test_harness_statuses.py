@@ -109,6 +109,7 @@ def test_custom_interface(impl: str, status: Status, fragment: str) -> None:
         ("violates-constraint", "violates constraint 'N % 4 == 0'"),
         ("unbound-axis", "leaves axes M unbound"),
         ("wrong-input-shape", "make_inputs: 'x' has shape (13,), declared (12,)"),
+        ("wrong-reference-shape", "reference output 'out' has shape (15,), declared (16,)"),
     ],
 )
 def test_contract_bugs_are_runtime_errors_naming_the_bug(case: str, fragment: str) -> None:
