@@ -69,6 +69,12 @@ def axpby_exits(x, y, ids, out, ids_out, alpha, beta):
     os._exit(3)
 
 
+def axpby_segfaults(x, y, ids, out, ids_out, alpha, beta):
+    import ctypes
+
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
 def axpby_nan(x, y, ids, out, ids_out, alpha, beta):
     axpby(x, y, ids, out, ids_out, alpha, beta)
     out[7] = float("nan")

@@ -123,6 +123,8 @@ def test_isolated_raise_crash_and_hang() -> None:
     assert raised.status == Status.RUNTIME_ERROR and "RuntimeError: kernel launch failed" in raised.message
     crashed = run_job_isolated(job("axpby", "axpby_exits", "small-f32"), timeout_s=20)
     assert crashed.status == Status.RUNTIME_ERROR and "exited with code 3" in crashed.message
+    segfault = run_job_isolated(job("axpby", "axpby_segfaults", "small-f32"), timeout_s=20)
+    assert segfault.status == Status.RUNTIME_ERROR and "SIGSEGV" in segfault.message
     hung = run_job_isolated(job("axpby", "axpby_hangs", "small-f32"), timeout_s=1.0)
     assert hung.status == Status.TIMEOUT
     passed = run_job_isolated(job("axpby", "axpby", "small-f32"), timeout_s=20)
