@@ -152,3 +152,14 @@ def test_bad_requests_raise(source: Path, tmp_path: Path) -> None:
         quantize_checkpoint(source, tmp_path / "full", "modelopt", progress=False)
     with pytest.raises(ValueError, match="config.json"):
         quantize_checkpoint(tmp_path / "full", tmp_path / "y", "modelopt", progress=False)
+
+
+@pytest.mark.parametrize("fmt", ["modelopt", "compressed-tensors"])
+def test_engine_loader_reads_what_we_write(source: Path, tmp_path: Path, fmt: str) -> None:
+    from reference_engine.loader import inspect_checkpoint, load_model
+
+    quantize_checkpoint(source, tmp_path / "out", fmt, progress=False)
+    _, scheme, _ = inspect_checkpoint(tmp_path / "out")
+    assert scheme.kind == fmt and scheme.is_excluded("model.layers.0.mlp.gate")
+    assert not scheme.is_excluded("model.layers.0.mlp.experts.0.gate_proj")
+    assert load_model(tmp_path / "out") is not None
