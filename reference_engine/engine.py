@@ -35,9 +35,9 @@ def default_num_blocks(model, config: EngineConfig) -> int:
 
     free, total = torch.cuda.mem_get_info(device)
     budget = int(total * config.gpu_memory_utilization) - (total - free)
-    budget -= config.max_num_seqs * ModelCaches.bytes_per_state_slot(model.config, model.dtype)
+    budget -= (config.max_num_seqs + 1) * ModelCaches.bytes_per_state_slot(model.config, model.dtype)
     budget -= config.max_num_batched_tokens * model.config.hidden_size * 64 + config.max_num_seqs * model.config.vocab_size * 8
-    affordable = budget // ModelCaches.bytes_per_block(model.config, config.block_size, model.dtype)
+    affordable = budget // ModelCaches.bytes_per_block(model.config, config.block_size, model.dtype) - 1  # the runner's scratch block
     if affordable < per_sequence:
         raise ValueError(
             f"not enough device memory for one sequence of max_model_len={config.max_model_len}: "
@@ -47,10 +47,11 @@ def default_num_blocks(model, config: EngineConfig) -> int:
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer, config: EngineConfig) -> None:
+    def __init__(self, model, tokenizer, config: EngineConfig, decode_mode: str = "auto") -> None:
+        """decode_mode: "auto" (CUDA graphs on CUDA, eager on the CPU), "eager", "static" or "graphs" (see runner.py)."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
         num_blocks = config.num_blocks if config.num_blocks is not None else default_num_blocks(model, config)
-        self.runner = ModelRunner(model, config, num_blocks)
+        self.runner = ModelRunner(model, config, num_blocks, decode_mode=decode_mode)
         self.scheduler = Scheduler(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,

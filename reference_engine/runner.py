@@ -3,6 +3,12 @@
 Per step it fills preallocated buffers (sized for `max_num_batched_tokens` tokens and
 `max_num_seqs` sequences) with the plan's integers, calls `model.forward`, and samples the rows
 whose chunk reaches the end of its known tokens.
+
+Decode steps (one new token per sequence) go through `cuda_graphs.StaticDecoder` unless
+`decode_mode="eager"`: "graphs" (the default on CUDA) replays a CUDA graph per bucketed batch size,
+"static" runs the same static-shape step eagerly (for tests on the CPU and for profiling). The
+caches hold one extra KV block and one extra state slot beyond what the scheduler hands out: the
+scratch space that the padding rows of a bucket write into. Prefill and mixed steps stay eager.
 """
 
 from __future__ import annotations
@@ -11,19 +17,33 @@ import torch
 
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.config import EngineConfig
+from reference_engine.cuda_graphs import DECODE_MODES, ScratchSpace, StaticDecoder
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.sampler import Sampler, SamplingRow
 from reference_engine.scheduler import SchedulerOutput
 
 
 class ModelRunner:
-    def __init__(self, model, config: EngineConfig, num_blocks: int) -> None:
+    def __init__(self, model, config: EngineConfig, num_blocks: int, decode_mode: str = "auto") -> None:
         self.model = model
         self.config = config
         self.device = torch.device(model.device)
+        if decode_mode == "auto":
+            decode_mode = "graphs" if self.device.type == "cuda" else "eager"
+        if decode_mode not in DECODE_MODES:
+            raise ValueError(f"decode_mode must be 'auto' or one of {DECODE_MODES}, got {decode_mode!r}")
+        self.decode_mode = decode_mode
+        # one more block and slot than the scheduler owns: the scratch space of padding rows
         self.caches = ModelCaches.allocate(
-            model.config, num_blocks, config.block_size, config.max_num_seqs, device=self.device, dtype=model.dtype
+            model.config, num_blocks + 1, config.block_size, config.max_num_seqs + 1, device=self.device, dtype=model.dtype
         )
+        self.decoder: StaticDecoder | None = None
+        if decode_mode != "eager":
+            self.decoder = StaticDecoder(
+                model, self.caches, config.max_num_seqs, -(-config.max_model_len // config.block_size),
+                ScratchSpace(block=num_blocks, slot=config.max_num_seqs, block_size=config.block_size), use_graphs=decode_mode == "graphs",
+            )  # fmt: skip
+        self.last_logits: torch.Tensor | None = None  # [S, V] float32 of the last step (tests and accuracy gates read it)
         tokens, seqs = config.max_num_batched_tokens, config.max_num_seqs
         self._input_ids = torch.zeros(tokens, dtype=torch.int64, device=self.device)  # [T_max]
         self._positions = torch.zeros(tokens, dtype=torch.int64, device=self.device)  # [T_max]
@@ -84,6 +104,13 @@ class ModelRunner:
         if len(rows) != sum(chunk.samples for chunk in plan.chunks):
             raise ValueError(f"{len(rows)} sampling rows for {sum(c.samples for c in plan.chunks)} sampled chunks")
         self.copy_blocks(plan.block_copies)
+        if self.decoder is not None and self.decoder.accepts(plan):
+            logits, greedy_tokens = self.decoder.run(plan)  # [B, V] float32, [B] int64
+            self.last_logits = logits
+            if all(row.temperature == 0 and not row.banned_token_ids and row.num_logprobs is None for row in rows):
+                return greedy_tokens.tolist(), [None] * len(rows)  # the only host sync of a greedy decode step
+            return self.sampler(logits, rows)
         batch = self.prepare(plan)
         logits = self.model.forward(batch, self.caches)  # [S, V] float32
+        self.last_logits = logits
         return self.sampler(logits, rows)

@@ -23,6 +23,7 @@ from reference_engine.ops.attention import (
     split_q_gate,
 )
 from reference_engine.ops.norms import rms_norm
+from reference_engine.ops import static_attention
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,17 @@ class GatedAttention:
         partial_rope(normed_key, batch.positions, out=rotated_key, rotary_dim=self.rotary_dim, theta=self.rope_theta)
 
         k_cache, v_cache = caches.k_cache[self.layer_index], caches.v_cache[self.layer_index]
-        write_kv(rotated_key, value, k_cache, v_cache, batch.slot_mapping)
+        static = getattr(batch, "static_shapes", False)  # CUDA-graph decode: capturable ops, no host sync
+        if static:
+            static_attention.write_kv_all_valid(rotated_key, value, k_cache, v_cache, batch.slot_mapping)
+        else:
+            write_kv(rotated_key, value, k_cache, v_cache, batch.slot_mapping)
 
         attended = torch.empty_like(query)  # [T, Hq, D]
         scale = head_dim**-0.5
-        if batch.is_decode:
+        if static:
+            static_attention.paged_decode(rotated_query, k_cache, v_cache, batch.block_tables, batch.seq_lens, out=attended, scale=scale)
+        elif batch.is_decode:
             paged_decode(rotated_query, k_cache, v_cache, batch.block_tables, batch.seq_lens, out=attended, scale=scale)
         else:
             paged_prefill(

@@ -45,4 +45,4 @@ class DecoderLayer:
         mixed = self.mixer(normed, batch, caches)  # [T, H]
         post_normed, post_residual = torch.empty_like(x), torch.empty_like(x)  # [T, H]
         fused_add_rms_norm(mixed, residual, self.post_attention_layernorm, out=post_normed, residual_out=post_residual, eps=self.eps)
-        return self.mlp(post_normed), post_residual
+        return self.mlp(post_normed, static=getattr(batch, "static_shapes", False)), post_residual

@@ -4,6 +4,9 @@ Dense: `gate_up_proj [E, 2I, H]` (rows 0:I gate, I:2I up) and `down_proj [E, H, 
 `routed_experts` op. NVFP4: per expert `gate`, `up`, `down` Linears (as quantised checkpoints store
 them, each with its own tensor scale). The touched experts are dequantised to a compact dense stack
 and handed to the same op with remapped ids: correct everywhere, not the fast path.
+Per-expert NVFP4 weights are stacked once on an expert dimension (`stacked`; the per-expert Linears
+become views of the stack, so nothing is held twice). With `static=True` (the CUDA-graph decode path)
+the capturable ops of `ops/static_moe.py` run instead: no host sync, shapes fixed by the batch.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from reference_engine.model.linear import Linear
+from reference_engine.ops import static_moe
 from reference_engine.ops.moe import routed_experts
 
 
@@ -26,6 +30,7 @@ class RoutedExperts:
     gate: tuple[Linear, ...] = ()  # E x [I, H]
     up: tuple[Linear, ...] = ()  # E x [I, H]
     down: tuple[Linear, ...] = ()  # E x [H, I]
+    stacked: static_moe.StackedNvfp4Experts | None = None  # per-expert NVFP4 weights on one expert dimension
 
     def __post_init__(self) -> None:
         E, H, I = self.num_experts, self.hidden_size, self.intermediate_size
@@ -39,13 +44,43 @@ class RoutedExperts:
             return
         if not (len(self.gate) == len(self.up) == len(self.down) == E):
             raise ValueError(f"per-expert weights: expected {E} gate/up/down linears, got {len(self.gate)}/{len(self.up)}/{len(self.down)}")
+        linears = (*self.gate, *self.up, *self.down)
+        if self.stacked is None and all(linear.is_nvfp4 and not linear.activation_nvfp4 for linear in linears):
+            self._stack_nvfp4()
+
+    def _stack_nvfp4(self) -> None:
+        """Stack the per-expert NVFP4 tensors and rebind the Linears as views of the stack (no second copy)."""
+        stacked = static_moe.StackedNvfp4Experts(
+            gate_up_packed=torch.stack([torch.cat([g.weight_packed, u.weight_packed]) for g, u in zip(self.gate, self.up)]),  # [E, 2I, H/2]
+            gate_up_scale=torch.stack([torch.cat([g.weight_scale, u.weight_scale]) for g, u in zip(self.gate, self.up)]),  # [E, 2I, H/16]
+            gate_up_scale_2=torch.stack([torch.stack([g.weight_scale_2, u.weight_scale_2]).float() for g, u in zip(self.gate, self.up)]),  # [E, 2]
+            down_packed=torch.stack([d.weight_packed for d in self.down]),  # [E, H, I/2]
+            down_scale=torch.stack([d.weight_scale for d in self.down]),  # [E, H, I/16]
+            down_scale_2=torch.stack([d.weight_scale_2.float() for d in self.down]),  # [E]
+        )
+        I, H = self.intermediate_size, self.hidden_size
+
+        def view(e: int, rows: slice, packed, scale, scale_2) -> Linear:
+            return Linear(rows.stop - rows.start, packed.shape[2] * 2, weight_packed=packed[e, rows], weight_scale=scale[e, rows], weight_scale_2=scale_2)
+
+        gate = tuple(view(e, slice(0, I), stacked.gate_up_packed, stacked.gate_up_scale, stacked.gate_up_scale_2[e, 0]) for e in range(self.num_experts))
+        up = tuple(view(e, slice(I, 2 * I), stacked.gate_up_packed, stacked.gate_up_scale, stacked.gate_up_scale_2[e, 1]) for e in range(self.num_experts))
+        down = tuple(view(e, slice(0, H), stacked.down_packed, stacked.down_scale, stacked.down_scale_2[e]) for e in range(self.num_experts))
+        for name, value in (("stacked", stacked), ("gate", gate), ("up", up), ("down", down)):
+            object.__setattr__(self, name, value)
 
     @property
     def is_fused_dense(self) -> bool:
         return self.gate_up_proj is not None
 
-    def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32 -> out [T, H]."""
+    def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, static: bool = False) -> torch.Tensor:
+        """x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32 -> out [T, H]; `static`: the capturable ops."""
+        if static and self.is_fused_dense:
+            static_moe.routed_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, out=out)
+            return out
+        if static and self.stacked is not None:
+            static_moe.nvfp4_routed_experts(x, topk_weights, topk_ids, self.stacked, out=out)
+            return out
         if self.is_fused_dense:
             return routed_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, out=out)
         touched = torch.unique(topk_ids.long())  # [E'] sorted
@@ -61,4 +96,6 @@ class RoutedExperts:
     def nbytes(self) -> int:
         if self.is_fused_dense:
             return sum(t.numel() * t.element_size() for t in (self.gate_up_proj, self.down_proj))
+        if self.stacked is not None:
+            return sum(t.numel() * t.element_size() for t in vars(self.stacked).values())
         return sum(linear.nbytes() for linear in (*self.gate, *self.up, *self.down))

@@ -48,9 +48,8 @@ class GatedDeltaNet:
         conv = caches.conv_state[self.layer_index][slots]  # [B, C, K-1]
         recurrent = caches.recurrent_state[self.layer_index][slots]  # [B, Hv, Dk, Dv]
         fresh = ~batch.has_initial_state  # [B]
-        conv[fresh] = 0
-        recurrent[fresh] = 0
-        return conv, recurrent
+        # masked_fill with a broadcast mask (not boolean indexing): no host sync, so CUDA graphs can capture it
+        return conv.masked_fill(fresh[:, None, None], 0), recurrent.masked_fill(fresh[:, None, None, None], 0)
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """x [T, H] -> [T, H]; reads and writes this layer's conv and recurrent states at batch.state_slots."""

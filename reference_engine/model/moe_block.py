@@ -24,15 +24,15 @@ class SparseMoeBlock:
     shared_expert_gate: Linear  # [1, H]
     top_k: int
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, H] -> [T, H]."""
+    def __call__(self, x: torch.Tensor, static: bool = False) -> torch.Tensor:
+        """x [T, H] -> [T, H]; `static` selects the capturable routed-experts op (CUDA-graph decode)."""
         num_tokens = x.shape[0]
         router_logits = self.gate(x)  # [T, E]
         topk_weights = torch.empty(num_tokens, self.top_k, dtype=torch.float32, device=x.device)  # [T, k]
         topk_ids = torch.empty(num_tokens, self.top_k, dtype=torch.int32, device=x.device)  # [T, k]
         router_topk(router_logits, topk_weights=topk_weights, topk_ids=topk_ids, top_k=self.top_k)
         routed = torch.empty_like(x)  # [T, H]
-        self.experts(x, topk_weights, topk_ids, out=routed)
+        self.experts(x, topk_weights, topk_ids, out=routed, static=static)
         shared = torch.empty_like(x)  # [T, H]
         dense_shared = (self.shared_gate_proj, self.shared_up_proj, self.shared_down_proj, self.shared_expert_gate)
         if not any(linear.is_nvfp4 for linear in dense_shared):

@@ -1,0 +1,168 @@
+"""Decode steps with static shapes, replayed from CUDA graphs captured per bucketed batch size.
+
+A decode step (every sequence brings one token) of B sequences runs at the smallest bucket >= B
+(1, 2, 4, 8, ..., max_num_seqs). Its inputs live in buffers preallocated once for max_num_seqs rows;
+rows B..bucket are padding: token 0 at position 0, one cached token, the runner's scratch KV block
+(its slot 0) and scratch state slot, so they write nothing that a real sequence reads.
+
+The model sees a `StaticDecodeBatch` (a ForwardBatch with `static_shapes=True`) and then calls the
+capturable ops (`ops/static_attention.py`, `ops/static_moe.py`): no host sync, shapes fixed by the
+bucket and by `max_blocks_per_seq`. The greedy tokens (argmax of the logits) are computed inside
+the step, so a greedy decode step reads back only B token ids. Modes:
+- "static": the same step run eagerly (CPU tests, profiling: a profiler sees every kernel);
+- "graphs": captured once per bucket on first use (the first step at that bucket runs eagerly and
+  is the real step; capture only records), then replayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reference_engine.cache.tensors import ModelCaches
+from reference_engine.forward_batch import ForwardBatch
+from reference_engine.scheduler import SchedulerOutput
+
+DECODE_MODES = ("eager", "static", "graphs")
+
+
+@dataclass(frozen=True)
+class StaticDecodeBatch(ForwardBatch):
+    static_shapes: bool = True  # read by the model: use the capturable ops
+
+
+def bucket_sizes(max_num_seqs: int) -> tuple[int, ...]:
+    """Powers of two below max_num_seqs, then max_num_seqs itself."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be positive, got {max_num_seqs}")
+    sizes, size = [], 1
+    while size < max_num_seqs:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, max_num_seqs)
+
+
+def bucket_for(num_seqs: int, buckets: tuple[int, ...]) -> int:
+    for size in buckets:
+        if size >= num_seqs:
+            return size
+    raise ValueError(f"{num_seqs} sequences exceed the largest decode bucket {buckets[-1]}")
+
+
+@dataclass(frozen=True)
+class ScratchSpace:
+    block: int  # a KV block no sequence owns
+    slot: int  # a GDN state slot no sequence owns
+    block_size: int
+
+
+class StaticDecoder:
+    """Static decode buffers, per-bucket graphs and their outputs for one model and one set of caches."""
+
+    def __init__(self, model, caches: ModelCaches, max_num_seqs: int, max_blocks_per_seq: int, scratch: ScratchSpace, use_graphs: bool) -> None:
+        device = torch.device(model.device)
+        if use_graphs and device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, the model is on {device}")
+        self.model, self.caches, self.scratch, self.use_graphs = model, caches, scratch, use_graphs
+        self.device = device
+        self.buckets = bucket_sizes(max_num_seqs)
+        self.max_blocks_per_seq = max_blocks_per_seq
+        rows = max_num_seqs
+        self.input_ids = torch.zeros(rows, dtype=torch.int64, device=device)  # [S]
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=device)  # [S]
+        self.slot_mapping = torch.zeros(rows, dtype=torch.int64, device=device)  # [S]
+        self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)  # [S]
+        self.state_slots = torch.full((rows,), scratch.slot, dtype=torch.int64, device=device)  # [S]
+        self.block_tables = torch.full((rows, max_blocks_per_seq), scratch.block, dtype=torch.int32, device=device)  # [S, MB]
+        self.cu_seqlens = torch.arange(rows + 1, dtype=torch.int32, device=device)  # [S + 1], one token each
+        self.has_initial_state = torch.ones(rows, dtype=torch.bool, device=device)  # [S]
+        self.logits_indices = torch.arange(rows, dtype=torch.int64, device=device)  # [S]
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pool = None
+
+    def accepts(self, plan: SchedulerOutput) -> bool:
+        chunks = plan.chunks
+        return (
+            bool(chunks)
+            and plan.is_decode
+            and len(chunks) <= self.buckets[-1]
+            and all(c.samples and len(c.token_ids) == 1 and len(c.block_table) <= self.max_blocks_per_seq for c in chunks)
+        )
+
+    def batch(self, bucket: int) -> StaticDecodeBatch:
+        return StaticDecodeBatch(
+            input_ids=self.input_ids[:bucket],  # [b]
+            positions=self.positions[:bucket],  # [b]
+            cu_seqlens_q=self.cu_seqlens[: bucket + 1],  # [b + 1]
+            seq_lens=self.seq_lens[:bucket],  # [b]
+            block_tables=self.block_tables[:bucket],  # [b, MB]
+            slot_mapping=self.slot_mapping[:bucket],  # [b]
+            state_slots=self.state_slots[:bucket],  # [b]
+            has_initial_state=self.has_initial_state[:bucket],  # [b]
+            logits_indices=self.logits_indices[:bucket],  # [b]
+            is_decode=True,
+        )
+
+    def fill(self, plan: SchedulerOutput) -> int:
+        """Copy the plan's integers (and the padding rows) into the static buffers; returns the bucket."""
+        chunks = plan.chunks
+        bucket = bucket_for(len(chunks), self.buckets)
+        padding = bucket - len(chunks)
+        scratch = self.scratch
+        width = self.max_blocks_per_seq
+        ids = [c.token_ids[0] for c in chunks] + [0] * padding
+        positions = [c.start for c in chunks] + [0] * padding
+        slots = [c.slot_mapping[0] for c in chunks] + [scratch.block * scratch.block_size] * padding
+        seq_lens = [c.start + 1 for c in chunks] + [1] * padding
+        state_slots = [c.state_slot for c in chunks] + [scratch.slot] * padding
+        tables = [list(c.block_table) + [scratch.block] * (width - len(c.block_table)) for c in chunks] + [[scratch.block] * width] * padding
+        host = torch.tensor(ids + positions + slots + seq_lens + state_slots + [b for row in tables for b in row], dtype=torch.int64)
+        staged = host.to(self.device, non_blocking=True)
+        parts = staged[: 5 * bucket].view(5, bucket)
+        self.input_ids[:bucket].copy_(parts[0])
+        self.positions[:bucket].copy_(parts[1])
+        self.slot_mapping[:bucket].copy_(parts[2])
+        self.seq_lens[:bucket].copy_(parts[3])
+        self.state_slots[:bucket].copy_(parts[4])
+        self.block_tables[:bucket].copy_(staged[5 * bucket :].view(bucket, width))
+        return bucket
+
+    def _forward(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model.forward(self.batch(bucket), self.caches)  # [b, V] float32
+        return logits, logits.argmax(dim=-1)  # greedy tokens [b]: first maximum, ties to the lowest id
+
+    @torch.inference_mode()
+    def run(self, plan: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step: (logits [B, V] float32, greedy tokens [B] int64), views of this step's outputs."""
+        num_seqs = len(plan.chunks)
+        bucket = self.fill(plan)
+        if not self.use_graphs:
+            logits, tokens = self._forward(bucket)
+        elif bucket in self._graphs:
+            self._graphs[bucket].replay()
+            logits, tokens = self._outputs[bucket]
+        else:
+            logits, tokens = self._warm_up_and_capture(bucket)
+        return logits[:num_seqs], tokens[:num_seqs]
+
+    def _warm_up_and_capture(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the real step eagerly on a side stream (lazy initialisation happens there), then record a graph."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            logits, tokens = self._forward(bucket)
+            logits, tokens = logits.clone(), tokens.clone()  # the real step's result; the capture below runs nothing
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._outputs[bucket] = self._forward(bucket)
+        self._graphs[bucket] = graph
+        return logits, tokens
+
+    @property
+    def captured_buckets(self) -> tuple[int, ...]:
+        return tuple(sorted(self._graphs))
