@@ -76,7 +76,12 @@ def max_sequences(gpu_bytes: int, weight_total: int, tokens: int, kv_itemsize: i
 def cross_check() -> bool:
     try:
         from reference_engine.config import ModelConfig
-        from reference_engine.memory_plan import kv_bytes_per_token, plan, state_bytes_per_sequence, weight_bytes
+        from reference_engine.memory_plan import (
+            kv_bytes_per_token,
+            plan,
+            state_bytes_per_sequence,
+            weight_bytes,
+        )
     except ImportError:
         print("reference_engine not importable: cross-check skipped")
         return True

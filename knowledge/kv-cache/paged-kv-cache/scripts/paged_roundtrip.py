@@ -47,7 +47,7 @@ def main() -> int:
         tables.append([order.pop() for _ in range(count)])
     # Step 1: prefill all prompts in one ragged batch, plus 3 padding rows.
     keys = [torch.randn(length, heads, dim, generator=generator) for length in lengths]
-    mapping = sum((slots(t, 0, n, block_size) for t, n in zip(tables, lengths)), []) + [-1, -1, -1]
+    mapping = [s for t, n in zip(tables, lengths) for s in slots(t, 0, n, block_size)] + [-1, -1, -1]
     batch = torch.cat(keys + [torch.randn(3, heads, dim, generator=generator)])
     write(batch, cache, torch.tensor(mapping, dtype=torch.int64))
     written = [k.clone() for k in keys]
