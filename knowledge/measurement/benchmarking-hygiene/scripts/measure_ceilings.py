@@ -26,7 +26,7 @@ def read_clocks() -> dict[str, str]:
     query = "clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu,driver_version"
     try:
         out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
+                             capture_output=True, text=True, timeout=10, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {}
     return dict(zip(query.split(","), (v.strip() for v in out.split("\n")[0].split(",")))) if out else {}

@@ -13,6 +13,7 @@ Usage:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -56,7 +57,7 @@ def record_metrics(request: Request) -> RecordMetrics:
     latency = (chunks[-1].arrival_ns - request.start_ns) / 1e6
     ttst = (chunks[1].arrival_ns - chunks[0].arrival_ns) / 1e6 if len(chunks) >= 2 else None
     itl = (latency - ttft) / (tokens - 1) if len(chunks) >= 2 and tokens >= 2 else None
-    gaps = tuple((b.arrival_ns - a.arrival_ns) / 1e6 for a, b in zip(chunks, chunks[1:]))
+    gaps = tuple((b.arrival_ns - a.arrival_ns) / 1e6 for a, b in itertools.pairwise(chunks))
     per_user = 1e3 / itl if itl else None
     return RecordMetrics(ttft, ttst, latency, tokens, itl, per_user, gaps)
 
