@@ -125,6 +125,7 @@ def plan(
     lm_head: Precision = "bf16",
     kv_dtype: str = "bfloat16",
     activation_bytes: int | None = None,
+    state_dtype: str = "bfloat16",
 ) -> MemoryPlan:
     """Weights first, then a workspace for one step's activations, one state slot per sequence, the rest KV blocks."""
     if not 0 < memory_fraction <= 1:
@@ -137,7 +138,7 @@ def plan(
         widest = max(config.linear_conv_dim + config.linear_value_dim, 2 * config.num_attention_heads * config.head_dim)
         per_token = 2 * (4 * config.hidden_size + widest + 2 * config.num_experts_per_tok * config.moe_intermediate_size)
         activation_bytes = max_num_batched_tokens * per_token + max_num_seqs * config.vocab_size * 4
-    per_sequence = state_bytes_per_sequence(config, kv_dtype)
+    per_sequence = state_bytes_per_sequence(config, state_dtype)  # the conv state lives in the model dtype, not the KV dtype
     state = max_num_seqs * per_sequence
     per_token = kv_bytes_per_token(config, kv_dtype)
     left = usable - weights - activation_bytes - state

@@ -68,3 +68,12 @@ def test_full_model_nvfp4_fits_one_h200_with_64_sequences_of_4k():
 def test_bf16_model_does_not_fit_a_small_card():
     with pytest.raises(ValueError, match="does not fit"):
         plan(ModelConfig(), 80_000_000_000, linears="bf16")
+
+
+def test_fp8_kv_halves_kv_bytes_but_not_the_conv_state():
+    """The conv state lives in the model dtype whatever the KV cache dtype is."""
+    config = ModelConfig()
+    bf16 = plan(config, H200_BYTES, linears="nvfp4", kv_dtype="bfloat16")
+    fp8 = plan(config, H200_BYTES, linears="nvfp4", kv_dtype="float8_e4m3fn")
+    assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
+    assert fp8.state_bytes == bf16.state_bytes == 64 * state_bytes_per_sequence(config, "bfloat16")
