@@ -16,6 +16,7 @@ the step, so a greedy decode step reads back only B token ids. Modes:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +48,9 @@ def bucket_for(num_seqs: int, buckets: tuple[int, ...]) -> int:
     for size in buckets:
         if size >= num_seqs:
             return size
-    raise ValueError(f"{num_seqs} sequences exceed the largest decode bucket {buckets[-1]}")
+    raise ValueError(
+        f"{num_seqs} sequences exceed the largest decode bucket {buckets[-1]}"
+    )
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,26 @@ class ScratchSpace:
 class StaticDecoder:
     """Static decode buffers, per-bucket graphs and their outputs for one model and one set of caches."""
 
-    def __init__(self, model, caches: ModelCaches, max_num_seqs: int, max_blocks_per_seq: int, scratch: ScratchSpace, use_graphs: bool) -> None:
+    def __init__(
+        self,
+        model,
+        caches: ModelCaches,
+        max_num_seqs: int,
+        max_blocks_per_seq: int,
+        scratch: ScratchSpace,
+        use_graphs: bool,
+    ) -> None:
         device = torch.device(model.device)
         if use_graphs and device.type != "cuda":
-            raise ValueError(f"CUDA graphs need a CUDA device, the model is on {device}")
-        self.model, self.caches, self.scratch, self.use_graphs = model, caches, scratch, use_graphs
+            raise ValueError(
+                f"CUDA graphs need a CUDA device, the model is on {device}"
+            )
+        self.model, self.caches, self.scratch, self.use_graphs = (
+            model,
+            caches,
+            scratch,
+            use_graphs,
+        )
         self.device = device
         self.buckets = bucket_sizes(max_num_seqs)
         self.max_blocks_per_seq = max_blocks_per_seq
@@ -73,14 +91,27 @@ class StaticDecoder:
         self.positions = torch.zeros(rows, dtype=torch.int64, device=device)  # [S]
         self.slot_mapping = torch.zeros(rows, dtype=torch.int64, device=device)  # [S]
         self.seq_lens = torch.ones(rows, dtype=torch.int32, device=device)  # [S]
-        self.state_slots = torch.full((rows,), scratch.slot, dtype=torch.int64, device=device)  # [S]
-        self.block_tables = torch.full((rows, max_blocks_per_seq), scratch.block, dtype=torch.int32, device=device)  # [S, MB]
-        self.cu_seqlens = torch.arange(rows + 1, dtype=torch.int32, device=device)  # [S + 1], one token each
-        self.has_initial_state = torch.ones(rows, dtype=torch.bool, device=device)  # [S]
-        self.logits_indices = torch.arange(rows, dtype=torch.int64, device=device)  # [S]
+        self.state_slots = torch.full(
+            (rows,), scratch.slot, dtype=torch.int64, device=device
+        )  # [S]
+        self.block_tables = torch.full(
+            (rows, max_blocks_per_seq), scratch.block, dtype=torch.int32, device=device
+        )  # [S, MB]
+        self.cu_seqlens = torch.arange(
+            rows + 1, dtype=torch.int32, device=device
+        )  # [S + 1], one token each
+        self.has_initial_state = torch.ones(
+            rows, dtype=torch.bool, device=device
+        )  # [S]
+        self.logits_indices = torch.arange(
+            rows, dtype=torch.int64, device=device
+        )  # [S]
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._pool = None
+        self.capture_error: str | None = (
+            None  # set when a capture failed (then use_graphs is False)
+        )
 
     def accepts(self, plan: SchedulerOutput) -> bool:
         chunks = plan.chunks
@@ -88,7 +119,12 @@ class StaticDecoder:
             bool(chunks)
             and plan.is_decode
             and len(chunks) <= self.buckets[-1]
-            and all(c.samples and len(c.token_ids) == 1 and len(c.block_table) <= self.max_blocks_per_seq for c in chunks)
+            and all(
+                c.samples
+                and len(c.token_ids) == 1
+                and len(c.block_table) <= self.max_blocks_per_seq
+                for c in chunks
+            )
         )
 
     def batch(self, bucket: int) -> StaticDecodeBatch:
@@ -114,11 +150,24 @@ class StaticDecoder:
         width = self.max_blocks_per_seq
         ids = [c.token_ids[0] for c in chunks] + [0] * padding
         positions = [c.start for c in chunks] + [0] * padding
-        slots = [c.slot_mapping[0] for c in chunks] + [scratch.block * scratch.block_size] * padding
+        slots = [c.slot_mapping[0] for c in chunks] + [
+            scratch.block * scratch.block_size
+        ] * padding
         seq_lens = [c.start + 1 for c in chunks] + [1] * padding
         state_slots = [c.state_slot for c in chunks] + [scratch.slot] * padding
-        tables = [list(c.block_table) + [scratch.block] * (width - len(c.block_table)) for c in chunks] + [[scratch.block] * width] * padding
-        host = torch.tensor(ids + positions + slots + seq_lens + state_slots + [b for row in tables for b in row], dtype=torch.int64)
+        tables = [
+            list(c.block_table) + [scratch.block] * (width - len(c.block_table))
+            for c in chunks
+        ] + [[scratch.block] * width] * padding
+        host = torch.tensor(
+            ids
+            + positions
+            + slots
+            + seq_lens
+            + state_slots
+            + [b for row in tables for b in row],
+            dtype=torch.int64,
+        )
         staged = host.to(self.device, non_blocking=True)
         parts = staged[: 5 * bucket].view(5, bucket)
         self.input_ids[:bucket].copy_(parts[0])
@@ -131,7 +180,9 @@ class StaticDecoder:
 
     def _forward(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.model.forward(self.batch(bucket), self.caches)  # [b, V] float32
-        return logits, logits.argmax(dim=-1)  # greedy tokens [b]: first maximum, ties to the lowest id
+        return logits, logits.argmax(
+            dim=-1
+        )  # greedy tokens [b]: first maximum, ties to the lowest id
 
     @torch.inference_mode()
     def run(self, plan: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,19 +198,37 @@ class StaticDecoder:
             logits, tokens = self._warm_up_and_capture(bucket)
         return logits[:num_seqs], tokens[:num_seqs]
 
+    def _capture_failed(self, error: Exception) -> None:
+        """Record why capture failed and carry on with the static path run eagerly (benchmarks report it)."""
+        self.capture_error = f"{type(error).__name__}: {error}"
+        self.use_graphs = False
+        warnings.warn(
+            f"CUDA graph capture failed, decode runs the static path eagerly: {self.capture_error}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
     def _warm_up_and_capture(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the real step eagerly on a side stream (lazy initialisation happens there), then record a graph."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             logits, tokens = self._forward(bucket)
-            logits, tokens = logits.clone(), tokens.clone()  # the real step's result; the capture below runs nothing
+            logits, tokens = (
+                logits.clone(),
+                tokens.clone(),
+            )  # the real step's result; the capture below runs nothing
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._outputs[bucket] = self._forward(bucket)
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._outputs[bucket] = self._forward(bucket)
+        except RuntimeError as error:
+            self._outputs.pop(bucket, None)
+            self._capture_failed(error)
+            return logits, tokens
         self._graphs[bucket] = graph
         return logits, tokens
 

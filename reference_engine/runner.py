@@ -24,18 +24,27 @@ from reference_engine.scheduler import SchedulerOutput
 
 
 class ModelRunner:
-    def __init__(self, model, config: EngineConfig, num_blocks: int, decode_mode: str = "auto") -> None:
+    def __init__(
+        self, model, config: EngineConfig, num_blocks: int, decode_mode: str = "auto"
+    ) -> None:
         self.model = model
         self.config = config
         self.device = torch.device(model.device)
         if decode_mode == "auto":
             decode_mode = "graphs" if self.device.type == "cuda" else "eager"
         if decode_mode not in DECODE_MODES:
-            raise ValueError(f"decode_mode must be 'auto' or one of {DECODE_MODES}, got {decode_mode!r}")
+            raise ValueError(
+                f"decode_mode must be 'auto' or one of {DECODE_MODES}, got {decode_mode!r}"
+            )
         self.decode_mode = decode_mode
         # one more block and slot than the scheduler owns: the scratch space of padding rows
         self.caches = ModelCaches.allocate(
-            model.config, num_blocks + 1, config.block_size, config.max_num_seqs + 1, device=self.device, dtype=model.dtype
+            model.config,
+            num_blocks + 1,
+            config.block_size,
+            config.max_num_seqs + 1,
+            device=self.device,
+            dtype=model.dtype,
         )
         self.decoder: StaticDecoder | None = None
         if decode_mode != "eager":
@@ -43,15 +52,31 @@ class ModelRunner:
                 model, self.caches, config.max_num_seqs, -(-config.max_model_len // config.block_size),
                 ScratchSpace(block=num_blocks, slot=config.max_num_seqs, block_size=config.block_size), use_graphs=decode_mode == "graphs",
             )  # fmt: skip
-        self.last_logits: torch.Tensor | None = None  # [S, V] float32 of the last step (tests and accuracy gates read it)
+        self.last_logits: torch.Tensor | None = (
+            None  # [S, V] float32 of the last step (tests and accuracy gates read it)
+        )
         tokens, seqs = config.max_num_batched_tokens, config.max_num_seqs
-        self._input_ids = torch.zeros(tokens, dtype=torch.int64, device=self.device)  # [T_max]
-        self._positions = torch.zeros(tokens, dtype=torch.int64, device=self.device)  # [T_max]
-        self._slot_mapping = torch.zeros(tokens, dtype=torch.int64, device=self.device)  # [T_max]
-        self._cu_seqlens = torch.zeros(seqs + 1, dtype=torch.int32, device=self.device)  # [B_max + 1]
-        self._seq_lens = torch.zeros(seqs, dtype=torch.int32, device=self.device)  # [B_max]
-        self._state_slots = torch.zeros(seqs, dtype=torch.int64, device=self.device)  # [B_max]
-        self._has_initial_state = torch.zeros(seqs, dtype=torch.bool, device=self.device)  # [B_max]
+        self._input_ids = torch.zeros(
+            tokens, dtype=torch.int64, device=self.device
+        )  # [T_max]
+        self._positions = torch.zeros(
+            tokens, dtype=torch.int64, device=self.device
+        )  # [T_max]
+        self._slot_mapping = torch.zeros(
+            tokens, dtype=torch.int64, device=self.device
+        )  # [T_max]
+        self._cu_seqlens = torch.zeros(
+            seqs + 1, dtype=torch.int32, device=self.device
+        )  # [B_max + 1]
+        self._seq_lens = torch.zeros(
+            seqs, dtype=torch.int32, device=self.device
+        )  # [B_max]
+        self._state_slots = torch.zeros(
+            seqs, dtype=torch.int64, device=self.device
+        )  # [B_max]
+        self._has_initial_state = torch.zeros(
+            seqs, dtype=torch.bool, device=self.device
+        )  # [B_max]
         self.sampler = Sampler(self.device, seqs)
 
     def _fill(self, buffer: torch.Tensor, values: list) -> torch.Tensor:
@@ -63,8 +88,13 @@ class ModelRunner:
         chunks = plan.chunks
         if not chunks:
             raise ValueError("the plan schedules no tokens")
-        if plan.num_tokens > self._input_ids.shape[0] or len(chunks) > self._seq_lens.shape[0]:
-            raise ValueError(f"the plan ({plan.num_tokens} tokens, {len(chunks)} sequences) exceeds the runner's buffers")
+        if (
+            plan.num_tokens > self._input_ids.shape[0]
+            or len(chunks) > self._seq_lens.shape[0]
+        ):
+            raise ValueError(
+                f"the plan ({plan.num_tokens} tokens, {len(chunks)} sequences) exceeds the runner's buffers"
+            )
         input_ids, positions, slots, cu_seqlens, logits_indices = [], [], [], [0], []
         for chunk in chunks:
             input_ids.extend(chunk.token_ids)
@@ -74,17 +104,30 @@ class ModelRunner:
             if chunk.samples:
                 logits_indices.append(cu_seqlens[-1] - 1)
         width = max(len(chunk.block_table) for chunk in chunks)
-        tables = [list(chunk.block_table) + [-1] * (width - len(chunk.block_table)) for chunk in chunks]
+        tables = [
+            list(chunk.block_table) + [-1] * (width - len(chunk.block_table))
+            for chunk in chunks
+        ]
         return ForwardBatch(
             input_ids=self._fill(self._input_ids, input_ids),  # [T]
             positions=self._fill(self._positions, positions),  # [T]
             cu_seqlens_q=self._fill(self._cu_seqlens, cu_seqlens),  # [B + 1]
-            seq_lens=self._fill(self._seq_lens, [chunk.seq_len for chunk in chunks]),  # [B]
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=self.device),  # [B, max_blocks]
+            seq_lens=self._fill(
+                self._seq_lens, [chunk.seq_len for chunk in chunks]
+            ),  # [B]
+            block_tables=torch.tensor(
+                tables, dtype=torch.int32, device=self.device
+            ),  # [B, max_blocks]
             slot_mapping=self._fill(self._slot_mapping, slots),  # [T]
-            state_slots=self._fill(self._state_slots, [chunk.state_slot for chunk in chunks]),  # [B]
-            has_initial_state=self._fill(self._has_initial_state, [chunk.has_initial_state for chunk in chunks]),  # [B]
-            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=self.device),  # [S]
+            state_slots=self._fill(
+                self._state_slots, [chunk.state_slot for chunk in chunks]
+            ),  # [B]
+            has_initial_state=self._fill(
+                self._has_initial_state, [chunk.has_initial_state for chunk in chunks]
+            ),  # [B]
+            logits_indices=torch.tensor(
+                logits_indices, dtype=torch.int64, device=self.device
+            ),  # [S]
             is_decode=plan.is_decode,
         )
 
@@ -92,23 +135,42 @@ class ModelRunner:
         """Copy-on-write: copy whole KV blocks (src -> dst) in every attention layer."""
         if not copies:
             return
-        source = torch.tensor([s for s, _ in copies], dtype=torch.int64, device=self.device)
-        destination = torch.tensor([d for _, d in copies], dtype=torch.int64, device=self.device)
+        source = torch.tensor(
+            [s for s, _ in copies], dtype=torch.int64, device=self.device
+        )
+        destination = torch.tensor(
+            [d for _, d in copies], dtype=torch.int64, device=self.device
+        )
         for layer in self.caches.k_cache:
-            self.caches.k_cache[layer].index_copy_(0, destination, self.caches.k_cache[layer].index_select(0, source))
-            self.caches.v_cache[layer].index_copy_(0, destination, self.caches.v_cache[layer].index_select(0, source))
+            self.caches.k_cache[layer].index_copy_(
+                0, destination, self.caches.k_cache[layer].index_select(0, source)
+            )
+            self.caches.v_cache[layer].index_copy_(
+                0, destination, self.caches.v_cache[layer].index_select(0, source)
+            )
 
     @torch.inference_mode()
-    def execute(self, plan: SchedulerOutput, rows: list[SamplingRow]) -> tuple[list[int], list[dict[int, float] | None]]:
+    def execute(
+        self, plan: SchedulerOutput, rows: list[SamplingRow]
+    ) -> tuple[list[int], list[dict[int, float] | None]]:
         """Run one step; `rows` holds the sampling settings of the sampled chunks, in plan order."""
         if len(rows) != sum(chunk.samples for chunk in plan.chunks):
-            raise ValueError(f"{len(rows)} sampling rows for {sum(c.samples for c in plan.chunks)} sampled chunks")
+            raise ValueError(
+                f"{len(rows)} sampling rows for {sum(c.samples for c in plan.chunks)} sampled chunks"
+            )
         self.copy_blocks(plan.block_copies)
         if self.decoder is not None and self.decoder.accepts(plan):
             logits, greedy_tokens = self.decoder.run(plan)  # [B, V] float32, [B] int64
             self.last_logits = logits
-            if all(row.temperature == 0 and not row.banned_token_ids and row.num_logprobs is None for row in rows):
-                return greedy_tokens.tolist(), [None] * len(rows)  # the only host sync of a greedy decode step
+            if all(
+                row.temperature == 0
+                and not row.banned_token_ids
+                and row.num_logprobs is None
+                for row in rows
+            ):
+                return greedy_tokens.tolist(), [None] * len(
+                    rows
+                )  # the only host sync of a greedy decode step
             return self.sampler(logits, rows)
         batch = self.prepare(plan)
         logits = self.model.forward(batch, self.caches)  # [S, V] float32

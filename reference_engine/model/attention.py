@@ -15,6 +15,7 @@ from reference_engine.cache.kv_write import write_kv
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.linear import Linear
+from reference_engine.ops import static_attention
 from reference_engine.ops.attention import (
     output_gate,
     paged_decode,
@@ -23,7 +24,6 @@ from reference_engine.ops.attention import (
     split_q_gate,
 )
 from reference_engine.ops.norms import rms_norm
-from reference_engine.ops import static_attention
 
 
 @dataclass(frozen=True)

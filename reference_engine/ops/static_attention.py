@@ -28,9 +28,18 @@ def paged_decode(
     scale: float,
 ) -> torch.Tensor:
     """One query per sequence over its first seq_lens cached tokens, computed over the full table width."""
-    _require(query.dim() == 3, f"query must be [B, heads, head_dim], got shape {tuple(query.shape)}")
-    _require(k_cache.dim() == 4, f"k_cache must be [num_blocks, block_size, kv_heads, head_dim], got shape {tuple(k_cache.shape)}")
-    _require(block_tables.dim() == 2, f"block_tables must be [B, max_blocks_per_seq], got shape {tuple(block_tables.shape)}")
+    _require(
+        query.dim() == 3,
+        f"query must be [B, heads, head_dim], got shape {tuple(query.shape)}",
+    )
+    _require(
+        k_cache.dim() == 4,
+        f"k_cache must be [num_blocks, block_size, kv_heads, head_dim], got shape {tuple(k_cache.shape)}",
+    )
+    _require(
+        block_tables.dim() == 2,
+        f"block_tables must be [B, max_blocks_per_seq], got shape {tuple(block_tables.shape)}",
+    )
     if not capturing(query):
         _check_paged(query, k_cache, v_cache, block_tables, seq_lens, query.shape[0])
     _check_like("out", out, tuple(query.shape), query.dtype, query.device)
@@ -43,7 +52,10 @@ def paged_decode(
     group = query_heads // kv_heads
     q = query.float().reshape(batch, kv_heads, group, head_dim)  # [B, Hkv, G, D]
     scores = torch.einsum("bhgd,blhd->bhgl", q, keys.float()) * scale  # [B, Hkv, G, L]
-    valid = torch.arange(keys.shape[1], device=query.device)[None, :] < seq_lens.long()[:, None]  # [B, L]
+    valid = (
+        torch.arange(keys.shape[1], device=query.device)[None, :]
+        < seq_lens.long()[:, None]
+    )  # [B, L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     attended = torch.einsum("bhgl,blhd->bhgd", probs, values.float())  # [B, Hkv, G, D]
@@ -59,12 +71,27 @@ def write_kv_all_valid(
     slot_mapping: torch.Tensor,  # [T] int64, every entry a valid slot (padding rows: the scratch slot)
 ) -> None:
     """Write each token's K/V at its slot; unlike `cache.kv_write.write_kv` no entry may be negative."""
-    _require(key.dim() == 3 and key.shape == value.shape, f"key and value must both be [T, Hkv, D], got {list(key.shape)} and {list(value.shape)}")
-    _require(k_cache.shape == v_cache.shape and k_cache.shape[2:] == key.shape[1:], f"caches {list(k_cache.shape)} do not fit key {list(key.shape)}")
-    _require(slot_mapping.dtype == torch.int64 and slot_mapping.shape == key.shape[:1], f"slot_mapping must be int64 [{key.shape[0]}]")
-    _require(k_cache.is_contiguous() and v_cache.is_contiguous(), "k_cache and v_cache must be contiguous")
+    _require(
+        key.dim() == 3 and key.shape == value.shape,
+        f"key and value must both be [T, Hkv, D], got {list(key.shape)} and {list(value.shape)}",
+    )
+    _require(
+        k_cache.shape == v_cache.shape and k_cache.shape[2:] == key.shape[1:],
+        f"caches {list(k_cache.shape)} do not fit key {list(key.shape)}",
+    )
+    _require(
+        slot_mapping.dtype == torch.int64 and slot_mapping.shape == key.shape[:1],
+        f"slot_mapping must be int64 [{key.shape[0]}]",
+    )
+    _require(
+        k_cache.is_contiguous() and v_cache.is_contiguous(),
+        "k_cache and v_cache must be contiguous",
+    )
     if not capturing(key):
-        _require(bool((slot_mapping >= 0).all()), "write_kv_all_valid: slot_mapping holds a negative (padding) entry")
+        _require(
+            bool((slot_mapping >= 0).all()),
+            "write_kv_all_valid: slot_mapping holds a negative (padding) entry",
+        )
     heads, head_dim = key.shape[1], key.shape[2]
     k_cache.view(-1, heads, head_dim).index_copy_(0, slot_mapping, key)
     v_cache.view(-1, heads, head_dim).index_copy_(0, slot_mapping, value)

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from reference_engine.ops.moe import _check_expert_range, _check_out, _check_routing, _require
+from reference_engine.ops.moe import (
+    _check_expert_range,
+    _check_out,
+    _check_routing,
+    _require,
+)
 from reference_engine.ops.registry import satisfies
 from reference_engine.quant.e2m1 import decode_e2m1, unpack_e2m1
 
@@ -49,24 +54,38 @@ class StackedNvfp4Experts:
         packed = self.gate_up_packed.index_select(0, ids)  # [N, 2I, H/2]
         scale = self.gate_up_scale.index_select(0, ids).float()  # [N, 2I, H/16]
         half = packed.shape[1] // 2
-        scale_2 = self.gate_up_scale_2.index_select(0, ids).repeat_interleave(half, dim=1)  # [N, 2I]
+        scale_2 = self.gate_up_scale_2.index_select(0, ids).repeat_interleave(
+            half, dim=1
+        )  # [N, 2I]
         return _dequantize(packed, scale * scale_2[:, :, None], dtype)
 
     def dequantize_down(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """ids [N] int64 -> down weights [N, H, I] in dtype."""
         packed = self.down_packed.index_select(0, ids)  # [N, H, I/2]
-        scale = self.down_scale.index_select(0, ids).float() * self.down_scale_2.index_select(0, ids)[:, None, None]
+        scale = (
+            self.down_scale.index_select(0, ids).float()
+            * self.down_scale_2.index_select(0, ids)[:, None, None]
+        )
         return _dequantize(packed, scale, dtype)
 
 
-def _dequantize(packed: torch.Tensor, block_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _dequantize(
+    packed: torch.Tensor, block_scale: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """packed [..., K/2] uint8, block_scale [..., K/16] float32 (already times the tensor scale) -> [..., K] in dtype."""
     values = decode_e2m1(unpack_e2m1(packed))  # [..., K] float32
     blocks = values.reshape(*block_scale.shape, 16) * block_scale[..., None]
     return blocks.reshape(*packed.shape[:-1], packed.shape[-1] * 2).to(dtype)
 
 
-def _combine(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, token_rows: torch.Tensor, weights: torch.Tensor, out: torch.Tensor) -> None:
+def _combine(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    token_rows: torch.Tensor,
+    weights: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
     """Apply N gathered experts to their tokens and sum with weights.
 
     x [T, H]; gate_up [N, 2I, H]; down [N, H, I]; token_rows [N] int64 (token of each pair);
@@ -75,25 +94,41 @@ def _combine(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, token_r
     intermediate = down.shape[2]
     inputs = x.index_select(0, token_rows)[:, :, None]  # [N, H, 1]
     projected = torch.bmm(gate_up, inputs)[:, :, 0].float()  # [N, 2I]
-    activation = (F.silu(projected[:, :intermediate]) * projected[:, intermediate:]).to(x.dtype)  # [N, I]
+    activation = (F.silu(projected[:, :intermediate]) * projected[:, intermediate:]).to(
+        x.dtype
+    )  # [N, I]
     expert_out = torch.bmm(down, activation[:, :, None])[:, :, 0].float()  # [N, H]
-    acc = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)  # [T, H]
+    acc = torch.zeros(
+        x.shape[0], x.shape[1], dtype=torch.float32, device=x.device
+    )  # [T, H]
     acc.index_add_(0, token_rows, expert_out * weights[:, None])
     out.copy_(acc)
 
 
-def _combine_all(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, dense_weights: torch.Tensor, out: torch.Tensor) -> None:
+def _combine_all(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    dense_weights: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
     """Every expert on every token: x [T, H], gate_up [E, 2I, H], down [E, H, I], dense_weights [T, E] float32."""
     intermediate = down.shape[2]
     projected = torch.einsum("th,eih->eti", x, gate_up).float()  # [E, T, 2I]
-    activation = (F.silu(projected[..., :intermediate]) * projected[..., intermediate:]).to(x.dtype)  # [E, T, I]
+    activation = (
+        F.silu(projected[..., :intermediate]) * projected[..., intermediate:]
+    ).to(x.dtype)  # [E, T, I]
     expert_out = torch.bmm(activation, down.transpose(1, 2)).float()  # [E, T, H]
     out.copy_(torch.einsum("eth,te->th", expert_out, dense_weights))
 
 
-def _dense_routing_weights(topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+def _dense_routing_weights(
+    topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int
+) -> torch.Tensor:
     """[T, E] float32: the routing weight of each chosen expert, 0 elsewhere."""
-    dense = torch.zeros(topk_ids.shape[0], num_experts, dtype=torch.float32, device=topk_ids.device)
+    dense = torch.zeros(
+        topk_ids.shape[0], num_experts, dtype=torch.float32, device=topk_ids.device
+    )
     return dense.scatter_add_(1, topk_ids.long(), topk_weights)
 
 
@@ -101,7 +136,9 @@ def _pairs(topk_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(expert ids [T*k] int64, token rows [T*k] int64) of the flattened (token, slot) pairs."""
     num_tokens, top_k = topk_ids.shape
     expert_ids = topk_ids.reshape(-1).long()
-    token_rows = torch.arange(num_tokens, device=topk_ids.device).repeat_interleave(top_k)
+    token_rows = (
+        torch.arange(num_tokens * top_k, device=topk_ids.device) // top_k
+    )  # [T*k]: t for pair t*k + j
     return expert_ids, token_rows
 
 
@@ -118,23 +155,45 @@ def routed_experts(
     _require(x.dim() == 2, f"x must be [T, H], got shape {tuple(x.shape)}")
     num_tokens, hidden = x.shape
     top_k = _check_routing(topk_weights, topk_ids, num_tokens)
-    _require(gate_up_proj.dim() == 3 and gate_up_proj.shape[2] == hidden, f"gate_up_proj must be [E, 2I, H={hidden}], got {tuple(gate_up_proj.shape)}")
+    _require(
+        gate_up_proj.dim() == 3 and gate_up_proj.shape[2] == hidden,
+        f"gate_up_proj must be [E, 2I, H={hidden}], got {tuple(gate_up_proj.shape)}",
+    )
     num_experts, double_intermediate = gate_up_proj.shape[:2]
-    _require(double_intermediate % 2 == 0, f"gate_up_proj rows must be 2I (even), got {double_intermediate}")
+    _require(
+        double_intermediate % 2 == 0,
+        f"gate_up_proj rows must be 2I (even), got {double_intermediate}",
+    )
     intermediate = double_intermediate // 2
     _require(
         tuple(down_proj.shape) == (num_experts, hidden, intermediate),
         f"down_proj must be [E={num_experts}, H={hidden}, I={intermediate}], got {tuple(down_proj.shape)}",
     )
-    _require(gate_up_proj.dtype == x.dtype and down_proj.dtype == x.dtype, f"expert weights must have the dtype of x ({x.dtype}), got {gate_up_proj.dtype} and {down_proj.dtype}")
+    _require(
+        gate_up_proj.dtype == x.dtype and down_proj.dtype == x.dtype,
+        f"expert weights must have the dtype of x ({x.dtype}), got {gate_up_proj.dtype} and {down_proj.dtype}",
+    )
     _check_out(out, (num_tokens, hidden), x.dtype, "out")
     if not capturing(x):
         _check_expert_range(topk_ids, num_experts)
     if num_tokens * top_k >= num_experts:
-        _combine_all(x, gate_up_proj, down_proj, _dense_routing_weights(topk_weights, topk_ids, num_experts), out)
+        _combine_all(
+            x,
+            gate_up_proj,
+            down_proj,
+            _dense_routing_weights(topk_weights, topk_ids, num_experts),
+            out,
+        )
         return
     expert_ids, token_rows = _pairs(topk_ids)
-    _combine(x, gate_up_proj.index_select(0, expert_ids), down_proj.index_select(0, expert_ids), token_rows, topk_weights.reshape(-1), out)
+    _combine(
+        x,
+        gate_up_proj.index_select(0, expert_ids),
+        down_proj.index_select(0, expert_ids),
+        token_rows,
+        topk_weights.reshape(-1),
+        out,
+    )
 
 
 def nvfp4_routed_experts(
@@ -154,9 +213,21 @@ def nvfp4_routed_experts(
         _check_expert_range(topk_ids, num_experts)
     if num_tokens * top_k >= num_experts:
         every = torch.arange(num_experts, device=x.device)
-        gate_up, down = experts.dequantize_gate_up(every, x.dtype), experts.dequantize_down(every, x.dtype)
-        _combine_all(x, gate_up, down, _dense_routing_weights(topk_weights, topk_ids, num_experts), out)
+        gate_up, down = (
+            experts.dequantize_gate_up(every, x.dtype),
+            experts.dequantize_down(every, x.dtype),
+        )
+        _combine_all(
+            x,
+            gate_up,
+            down,
+            _dense_routing_weights(topk_weights, topk_ids, num_experts),
+            out,
+        )
         return
     expert_ids, token_rows = _pairs(topk_ids)
-    gate_up, down = experts.dequantize_gate_up(expert_ids, x.dtype), experts.dequantize_down(expert_ids, x.dtype)
+    gate_up, down = (
+        experts.dequantize_gate_up(expert_ids, x.dtype),
+        experts.dequantize_down(expert_ids, x.dtype),
+    )
     _combine(x, gate_up, down, token_rows, topk_weights.reshape(-1), out)

@@ -18,12 +18,29 @@ from reference_engine.sampling_params import SamplingParams
 from reference_engine.tokenizer import load_tokenizer
 
 
-def _decode_logits(model, mode: str, prompts: list[list[int]], steps: int, max_num_seqs: int = 8, device: str = "cpu"):
+def _decode_logits(
+    model,
+    mode: str,
+    prompts: list[list[int]],
+    steps: int,
+    max_num_seqs: int = 8,
+    device: str = "cpu",
+):
     """Greedy generation; returns (tokens per request, decode-step logits [num_steps][B, V] on the CPU)."""
-    config = EngineConfig(device=device, dtype="float32" if model.dtype == torch.float32 else "bfloat16", max_num_seqs=max_num_seqs, max_model_len=64, num_blocks=64)
+    config = EngineConfig(
+        device=device,
+        dtype="float32" if model.dtype == torch.float32 else "bfloat16",
+        max_num_seqs=max_num_seqs,
+        max_model_len=64,
+        num_blocks=64,
+    )
     engine = LLMEngine(model, load_tokenizer("tiny"), config, decode_mode=mode)
     for index, prompt in enumerate(prompts):
-        engine.add_request(str(index), prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
+        engine.add_request(
+            str(index),
+            prompt_token_ids=prompt,
+            params=SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True),
+        )
     recorded = []
     tokens: dict[str, list[int]] = {}
     while engine.has_unfinished():
@@ -31,7 +48,9 @@ def _decode_logits(model, mode: str, prompts: list[list[int]], steps: int, max_n
         is_decode = plan.is_decode and bool(plan.chunks)
         outputs = _step_with_plan(engine, plan)
         if is_decode:
-            recorded.append(engine.runner.last_logits.detach().to("cpu", torch.float64).clone())
+            recorded.append(
+                engine.runner.last_logits.detach().to("cpu", torch.float64).clone()
+            )
         for output in outputs:
             tokens[output.request_id] = list(output.outputs[0].token_ids)
     return tokens, recorded, engine
@@ -39,7 +58,9 @@ def _decode_logits(model, mode: str, prompts: list[list[int]], steps: int, max_n
 
 def _step_with_plan(engine, plan):
     """engine.step() for an already scheduled plan (the same code path as LLMEngine.step)."""
-    sampled = [engine.scheduler.get(chunk.request_id) for chunk in plan.chunks if chunk.samples]
+    sampled = [
+        engine.scheduler.get(chunk.request_id) for chunk in plan.chunks if chunk.samples
+    ]
     tokens, _ = engine.runner.execute(plan, [engine._row(seq) for seq in sampled])
     engine.scheduler.commit(plan)
     outputs = []
@@ -55,14 +76,18 @@ def _step_with_plan(engine, plan):
 def _prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     lengths = torch.randint(3, 20, (count,), generator=generator).tolist()
-    return [torch.randint(1, vocab, (n,), generator=generator).tolist() for n in lengths]
+    return [
+        torch.randint(1, vocab, (n,), generator=generator).tolist() for n in lengths
+    ]
 
 
 def test_buckets() -> None:
     assert bucket_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
     assert bucket_sizes(24) == (1, 2, 4, 8, 16, 24)
     assert bucket_sizes(1) == (1,)
-    assert bucket_for(3, bucket_sizes(64)) == 4 and bucket_for(17, bucket_sizes(24)) == 24
+    assert (
+        bucket_for(3, bucket_sizes(64)) == 4 and bucket_for(17, bucket_sizes(24)) == 24
+    )
     with pytest.raises(ValueError):
         bucket_for(65, bucket_sizes(64))
 
@@ -70,16 +95,22 @@ def test_buckets() -> None:
 @pytest.mark.parametrize("quantize", [None, "nvfp4"])
 def test_static_decode_matches_eager(quantize) -> None:
     model = build_preset("tiny", quantize=quantize, seed=3)
-    prompts = _prompts(5, model.config.vocab_size, seed=11)  # 5 sequences: bucket 8, three padding rows
+    prompts = _prompts(
+        5, model.config.vocab_size, seed=11
+    )  # 5 sequences: bucket 8, three padding rows
     eager_tokens, eager_logits, _ = _decode_logits(model, "eager", prompts, steps=6)
-    static_tokens, static_logits, engine = _decode_logits(model, "static", prompts, steps=6)
+    static_tokens, static_logits, engine = _decode_logits(
+        model, "static", prompts, steps=6
+    )
     assert engine.runner.decoder is not None and not engine.runner.decoder.use_graphs
     assert len(static_logits) == len(eager_logits) >= 5
     for expected, actual in zip(eager_logits, static_logits):
         assert expected.shape == actual.shape
         assert torch.isfinite(actual).all()
         error = (actual - expected).norm() / expected.norm()
-        assert error < 1e-5, f"static decode logits differ from eager: relative error {error:.2e}"
+        assert error < 1e-5, (
+            f"static decode logits differ from eager: relative error {error:.2e}"
+        )
     assert static_tokens == eager_tokens
 
 
@@ -88,15 +119,19 @@ def test_static_decode_catches_a_wrong_padding_target() -> None:
     model = build_preset("tiny", seed=3)
     prompts = _prompts(3, model.config.vocab_size, seed=5)
     _, eager_logits, _ = _decode_logits(model, "eager", prompts, steps=4)
-    import reference_engine.cuda_graphs as cuda_graphs
+    from reference_engine import cuda_graphs
 
     original = cuda_graphs.StaticDecoder.fill
 
     def wrong_fill(self, plan):
         bucket = original(self, plan)
         real = len(plan.chunks)
-        if bucket > real:  # point padding at the first sequence's state slot (a known-wrong runner)
-            self.state_slots[real:bucket].copy_(self.state_slots[0].expand(bucket - real))
+        if (
+            bucket > real
+        ):  # point padding at the first sequence's state slot (a known-wrong runner)
+            self.state_slots[real:bucket].copy_(
+                self.state_slots[0].expand(bucket - real)
+            )
         return bucket
 
     cuda_graphs.StaticDecoder.fill = wrong_fill
@@ -104,8 +139,12 @@ def test_static_decode_catches_a_wrong_padding_target() -> None:
         _, wrong_logits, _ = _decode_logits(model, "static", prompts, steps=4)
     finally:
         cuda_graphs.StaticDecoder.fill = original
-    errors = [float((a - e).norm() / e.norm()) for e, a in zip(eager_logits, wrong_logits)]
-    assert max(errors) > 1e-3, f"a padding row overwriting a real state went unnoticed: {errors}"
+    errors = [
+        float((a - e).norm() / e.norm()) for e, a in zip(eager_logits, wrong_logits)
+    ]
+    assert max(errors) > 1e-3, (
+        f"a padding row overwriting a real state went unnoticed: {errors}"
+    )
 
 
 @pytest.mark.cuda
@@ -113,10 +152,16 @@ def test_static_decode_catches_a_wrong_padding_target() -> None:
 def test_graph_replay_matches_eager_on_cuda(quantize) -> None:
     model = build_preset("tiny", device="cuda", quantize=quantize, seed=3)
     prompts = _prompts(5, model.config.vocab_size, seed=11)
-    eager_tokens, eager_logits, _ = _decode_logits(model, "eager", prompts, steps=6, device="cuda")
-    graph_tokens, graph_logits, engine = _decode_logits(model, "graphs", prompts, steps=6, device="cuda")
+    eager_tokens, eager_logits, _ = _decode_logits(
+        model, "eager", prompts, steps=6, device="cuda"
+    )
+    graph_tokens, graph_logits, engine = _decode_logits(
+        model, "graphs", prompts, steps=6, device="cuda"
+    )
     assert engine.runner.decoder.captured_buckets, "no graph was captured"
     for expected, actual in zip(eager_logits, graph_logits):
         error = (actual - expected).norm() / expected.norm()
-        assert error < 1e-4, f"graph replay logits differ from eager: relative error {error:.2e}"
+        assert error < 1e-4, (
+            f"graph replay logits differ from eager: relative error {error:.2e}"
+        )
     assert graph_tokens == eager_tokens

@@ -96,3 +96,65 @@ def quantize_command(src, dst, fmt, patterns) -> None:
         f"wrote {fmt} NVFP4 checkpoint to {dst}: {len(report.quantized_modules)} linear modules quantized, "
         f"{len(report.excluded_modules)} kept, {len(report.shards)} shard(s)"
     )
+
+
+def _batch_sizes(_context, _param, value: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter(f"batch sizes must be positive integers, got {value!r}")
+    return sizes
+
+
+@command.command(
+    "bench",
+    epilog="""\b
+Examples:
+  toolbox engine bench                                         # full size, NVFP4 linears, bf16 LM head, on cuda
+  toolbox engine bench --lm-head nvfp4
+  toolbox engine bench --output-tokens 32 --batch-sizes 1,8    # a quick run
+  toolbox engine bench --model tiny --device cpu --output-tokens 4 --batch-sizes 1,2 --out-dir /tmp/bench
+""",
+)
+@click.option("--model", type=click.Choice(["full", "tiny"]), default="full", show_default=True, help="Preset architecture (seeded random weights).")
+@click.option("--device", default="cuda", show_default=True, help="cuda, cuda:N or cpu.")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float32", "float16"]), default=None, help="Activation dtype; default bfloat16 on cuda, float32 on cpu.")
+@click.option("--quantize", type=click.Choice(["nvfp4", "none"]), default="nvfp4", show_default=True, help="Linears and experts in NVFP4 or dense.")
+@click.option("--lm-head", type=click.Choice(["bf16", "nvfp4"]), default="bf16", show_default=True, help="Precision of the LM head.")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=1024, show_default=True, help="Prompt of the TTFT and TPOT runs.")
+@click.option("--batch-prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Prompt of each sequence in the throughput runs.")
+@click.option("--output-tokens", type=click.IntRange(min=2), default=256, show_default=True, help="Tokens generated per sequence (ignore_eos).")
+@click.option("--batch-sizes", default="1,8,32,64", show_default=True, callback=_batch_sizes, help="Comma-separated batch sizes of the throughput runs.")
+@click.option("--gate-prompts", type=click.IntRange(min=1), default=4, show_default=True, help="Prompts in the accuracy gate.")
+@click.option("--gate-steps", type=click.IntRange(min=2), default=8, show_default=True, help="Decode steps compared per gate prompt.")
+@click.option("--peer/--no-peer", default=True, show_default=True, help="Measure transformers on the same weights.")
+@click.option("--peer-decode-tokens", type=click.IntRange(min=1), default=4, show_default=True, help="Timed peer decode steps.")
+@click.option("--profile/--no-profile", default=True, show_default=True, help="Per-kernel breakdown of one decode step.")
+@click.option("--out-dir", default="benchmarks/results", show_default=True, help="Where the JSON and Markdown go.")
+@click.option("--name", default=None, help="File stem; default <date>-<device>-<variant>.")
+@click.option("--commit", default=None, help="Commit to record (default: git rev-parse HEAD, or 'unknown').")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+def bench_command(model, device, dtype, quantize, lm_head, prompt_tokens, batch_prompt_tokens, output_tokens, batch_sizes, gate_prompts,
+                  gate_steps, peer, peer_decode_tokens, profile, out_dir, name, commit, seed) -> None:
+    """Benchmark the engine: accuracy gate first, then TTFT, TPOT and tokens/s against floors and a peer."""
+    from reference_engine.bench.run import BenchOptions, GateFailed, run_bench
+
+    options = BenchOptions(
+        model=model, device=device, dtype=dtype or ("bfloat16" if device.startswith("cuda") else "float32"),
+        quantize=None if quantize == "none" else quantize, lm_head=lm_head, prompt_tokens=prompt_tokens,
+        batch_prompt_tokens=batch_prompt_tokens, output_tokens=output_tokens, batch_sizes=batch_sizes, gate_prompts=gate_prompts,
+        gate_steps=gate_steps, peer=peer, peer_decode_tokens=peer_decode_tokens, profile=profile, out_dir=out_dir, seed=seed,
+        commit=commit, name=name,
+    )  # fmt: skip
+    try:
+        document = run_bench(options, log=lambda line: click.echo(line, err=True))
+    except GateFailed as failure:
+        click.echo(f"accuracy gate failed, no speed reported: {failure}", err=True)
+        sys.exit(1)
+    except _USER_ERRORS as error:
+        raise click.ClickException(str(error).strip("'\"")) from None
+    from reference_engine.bench.report import markdown
+
+    click.echo(markdown(document))

@@ -1,0 +1,168 @@
+"""Accuracy gate: the fast decode path against the plain torch path on the same weights, same tokens.
+
+One scheduler drives two runners (`TwinRunner`): the plain eager runner, whose sampled tokens are
+committed, and the fast runner (CUDA graphs, or the static path on the CPU), teacher-forced on
+those tokens with its own caches. Every decode step's logits are compared row by row: KL(plain ||
+fast) in nats and top-1 agreement counted where the plain path's two best logits differ by more
+than a margin; the same metric definitions as the model/logits contract, and the same bounds per
+dtype. A benchmark refuses to report speed when the gate fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from reference_engine.config import EngineConfig
+from reference_engine.engine import LLMEngine
+from reference_engine.runner import ModelRunner
+from reference_engine.sampling_params import SamplingParams
+
+# (mean KL bound, max KL bound, minimum top-1 agreement, top-1 margin) per activation dtype
+GATE_BOUNDS = {
+    "float32": (1e-8, 1e-7, 1.0, 1e-3),
+    "bfloat16": (3e-2, 0.3, 0.75, 0.1),
+    "float16": (1e-3, 1e-2, 0.95, 0.05),
+}
+
+
+@dataclass(frozen=True)
+class GateResult:
+    passed: bool
+    kl_mean: float
+    kl_max: float
+    top1_agreement: float
+    positions: int  # decode rows compared
+    counted_for_top1: int  # rows whose reference margin is clear
+    bounds: dict
+    fast_mode: str
+    message: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class TwinRunner:
+    """Runs each plan on the plain runner (its tokens count) and on the fast one; keeps the decode logits of both."""
+
+    def __init__(self, plain: ModelRunner, fast: ModelRunner) -> None:
+        self.plain, self.fast = plain, fast
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def execute(self, plan, rows):
+        tokens, logprobs = self.plain.execute(plan, rows)
+        self.fast.execute(plan, rows)
+        if plan.is_decode:
+            self.pairs.append(
+                (
+                    self.plain.last_logits.detach().to("cpu", torch.float64),
+                    self.fast.last_logits.detach().to("cpu", torch.float64),
+                )
+            )
+        return tokens, logprobs
+
+
+def compare_logits(
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    bounds: tuple[float, float, float, float],
+) -> tuple[float, float, float, int, int]:
+    """(KL mean, KL max, top-1 agreement, positions, counted) over the rows of (reference, candidate) pairs."""
+    kls, agree, counted, positions = [], 0, 0, 0
+    for reference, candidate in pairs:
+        if not torch.isfinite(candidate).all():
+            return float("inf"), float("inf"), 0.0, reference.shape[0], 0
+        log_ref, log_got = (
+            torch.log_softmax(reference, -1),
+            torch.log_softmax(candidate, -1),
+        )
+        kls.append((log_ref.exp() * (log_ref - log_got)).sum(-1))
+        top2 = reference.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > bounds[3]
+        agree += int((reference.argmax(-1) == candidate.argmax(-1))[clear].sum())
+        counted += int(clear.sum())
+        positions += reference.shape[0]
+    if not kls:
+        raise ValueError("the gate compared no decode step")
+    kl = torch.cat(kls)
+    return (
+        float(kl.mean()),
+        float(kl.max()),
+        agree / max(counted, 1),
+        positions,
+        counted,
+    )
+
+
+def run_gate(
+    model,
+    tokenizer,
+    fast_mode: str,
+    num_prompts: int = 4,
+    decode_steps: int = 8,
+    seed: int = 0,
+) -> GateResult:
+    """Greedy decode of `num_prompts` random prompts (16..64 tokens) on both paths; judged by GATE_BOUNDS."""
+    dtype = str(model.dtype).removeprefix("torch.")
+    bounds = GATE_BOUNDS[dtype]
+    generator = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    lengths = torch.randint(16, 65, (num_prompts,), generator=generator).tolist()
+    prompts = [
+        torch.randint(1, vocab, (n,), generator=generator).tolist() for n in lengths
+    ]
+    block_size = 16
+    max_model_len = max(lengths) + decode_steps + 1
+    num_blocks = num_prompts * -(-max_model_len // block_size) + 1
+    config = EngineConfig(
+        device=str(model.device),
+        dtype=dtype,
+        max_num_seqs=num_prompts,
+        max_model_len=max_model_len,
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=max(2048, sum(lengths)),
+    )
+    engine = LLMEngine(model, tokenizer, config, decode_mode="eager")
+    fast = ModelRunner(model, config, num_blocks, decode_mode=fast_mode)
+    twin = TwinRunner(engine.runner, fast)
+    engine.runner = twin
+    for index, prompt in enumerate(prompts):
+        engine.add_request(
+            f"gate-{index}",
+            prompt_token_ids=prompt,
+            params=SamplingParams(
+                temperature=0, max_tokens=decode_steps + 1, ignore_eos=True
+            ),
+        )
+    while engine.has_unfinished():
+        engine.step()
+    kl_mean, kl_max, top1, positions, counted = compare_logits(twin.pairs, bounds)
+    if fast.decoder is not None and fast.decoder.capture_error:
+        fast_mode = f"static (graph capture failed: {fast.decoder.capture_error})"
+    elif fast.decoder is not None and fast.decoder.use_graphs:
+        fast_mode = f"graphs (buckets captured: {list(fast.decoder.captured_buckets)})"
+    mean_bound, max_bound, top1_bound, margin = bounds
+    passed = kl_mean <= mean_bound and kl_max <= max_bound and top1 >= top1_bound
+    message = (
+        f"gate {'PASSED' if passed else 'FAILED'} ({fast_mode} vs eager, {dtype}): KL mean {kl_mean:.3e} (bound {mean_bound:.0e}), "
+        f"max {kl_max:.3e} (bound {max_bound:.0e}), top-1 agreement {top1:.4f} (bound {top1_bound}, margin {margin}) "
+        f"over {positions} decode rows ({counted} with a clear top-1)"
+    )
+    bound_names = {
+        "kl_mean": mean_bound,
+        "kl_max": max_bound,
+        "top1_min": top1_bound,
+        "top1_margin": margin,
+    }
+    return GateResult(
+        passed,
+        kl_mean,
+        kl_max,
+        top1,
+        positions,
+        counted,
+        bound_names,
+        fast_mode,
+        message,
+    )

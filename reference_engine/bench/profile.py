@@ -1,0 +1,93 @@
+"""Per-kernel time of one decode step, from torch.profiler over the static path run eagerly.
+
+A replayed CUDA graph shows the profiler one launch, so the step is profiled with decode_mode
+"static": the same ops, launched one by one (so launch gaps are larger than in the graph; the
+kernel times themselves are what the table is for). On the CPU the table holds CPU op times.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from reference_engine.config import EngineConfig
+from reference_engine.engine import LLMEngine
+from reference_engine.sampling_params import SamplingParams
+
+
+def _device_time(event) -> float:
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        value = getattr(event, name, None)
+        if value:
+            return float(value)
+    return 0.0
+
+
+def profile_decode_step(
+    model,
+    tokenizer,
+    batch: int = 1,
+    context_tokens: int = 64,
+    top: int = 15,
+    seed: int = 0,
+) -> dict:
+    """Top kernels by time (microseconds) in one static decode step of `batch` sequences."""
+    device = torch.device(model.device)
+    dtype = str(model.dtype).removeprefix("torch.")
+    max_model_len = context_tokens + 8
+    num_blocks = batch * -(-max_model_len // 16)
+    config = EngineConfig(
+        device=str(device),
+        dtype=dtype,
+        max_num_seqs=batch,
+        max_model_len=max_model_len,
+        num_blocks=num_blocks,
+    )
+    engine = LLMEngine(model, tokenizer, config, decode_mode="static")
+    generator = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    for _ in range(batch):
+        engine.add_request(
+            prompt_token_ids=torch.randint(
+                1, model.config.vocab_size, (context_tokens,), generator=generator
+            ).tolist(),
+            params=params,
+        )
+    for _ in range(3):  # prefill and two decode steps: warm
+        engine.step()
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        engine.step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    events = prof.key_averages()
+    if cuda:
+        rows = [
+            (e.key, e.count, _device_time(e)) for e in events if _device_time(e) > 0
+        ]
+    else:
+        rows = [
+            (e.key, e.count, float(e.self_cpu_time_total))
+            for e in events
+            if e.self_cpu_time_total > 0
+        ]
+    rows.sort(key=lambda row: row[2], reverse=True)
+    total = sum(row[2] for row in rows)
+    while engine.has_unfinished():
+        engine.step()
+    return {
+        "clock": "device (CUDA kernels)" if cuda else "host (CPU ops)",
+        "batch": batch,
+        "context_tokens": context_tokens,
+        "total_us": total,
+        "kernels": [
+            {
+                "name": name[:120],
+                "calls": count,
+                "time_us": time_us,
+                "share": time_us / total if total else 0.0,
+            }
+            for name, count, time_us in rows[:top]
+        ],
+    }

@@ -1,0 +1,332 @@
+"""The whole benchmark in one run: environment, ceilings, accuracy gate, our figures, profile, peer, floors, files.
+
+`run_bench(BenchOptions(...))` returns the JSON document (and writes it with the Markdown summary).
+It raises `GateFailed` (holding the gate's numbers, also written to the JSON) before any speed is
+measured if the fast path disagrees with the plain path.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import importlib.metadata
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from reference_engine.bench.ceilings import measure_ceilings
+from reference_engine.bench.floor import decode_floor, prefill_floor, step_bytes
+from reference_engine.bench.gate import run_gate
+from reference_engine.bench.measure import measure_engine
+from reference_engine.bench.report import Row, write_results
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    model: str = "full"  # preset: "full" or "tiny"
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    quantize: str | None = "nvfp4"
+    lm_head: str = "bf16"  # "bf16" or "nvfp4"
+    prompt_tokens: int = 1024  # TTFT and TPOT prompt
+    batch_prompt_tokens: int = 128  # prompt of each sequence in the throughput runs
+    output_tokens: int = 256
+    batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
+    gate_prompts: int = 4
+    gate_steps: int = 8
+    peer: bool = True
+    peer_decode_tokens: int = 4
+    profile: bool = True
+    out_dir: str = "benchmarks/results"
+    seed: int = 0
+    commit: str | None = None
+    name: str | None = None  # file stem; default <date>-<device>-<variant>
+
+    def validate(self) -> None:
+        if self.model not in ("full", "tiny"):
+            raise ValueError(f"--model must be 'full' or 'tiny', got {self.model!r}")
+        if self.lm_head not in ("bf16", "nvfp4"):
+            raise ValueError(
+                f"--lm-head must be 'bf16' or 'nvfp4', got {self.lm_head!r}"
+            )
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(
+                f"device {self.device!r} was asked for, but this machine has no CUDA device"
+            )
+        if (
+            not self.batch_sizes
+            or min(self.batch_sizes) < 1
+            or self.output_tokens < 2
+            or self.prompt_tokens < 1
+        ):
+            raise ValueError(
+                "batch sizes must be positive, output tokens at least 2, prompt tokens at least 1"
+            )
+
+
+class GateFailed(RuntimeError):
+    def __init__(self, document: dict) -> None:
+        super().__init__(document["gate"]["message"])
+        self.document = document
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def environment(device: torch.device, commit: str | None) -> dict:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {
+        "device_name": name,
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "transformers": _version("transformers"),
+        "flash_linear_attention": _version("flash-linear-attention"),
+        "commit": commit or _commit(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _device_label(device_name: str) -> str:
+    match = re.search(
+        r"(H100|H200|B200|B300|A100|L40S|GH200|GB200)", device_name.upper()
+    )
+    return (
+        match.group(1).lower()
+        if match
+        else re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    )
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run_bench(options: BenchOptions, log: Callable[[str], None] = print) -> dict:
+    options.validate()
+    from reference_engine.presets import build_preset
+    from reference_engine.tokenizer import load_tokenizer
+
+    device = torch.device(options.device)
+    env = environment(device, options.commit)
+    variant = f"{options.quantize or 'dense'}-lmhead-{options.lm_head}"
+    if options.output_tokens < 256 or tuple(options.batch_sizes) != (1, 8, 32, 64):
+        variant += "-quick"
+    stem = (
+        options.name
+        or f"{env['date'][:10]}-{_device_label(env['device_name'])}-{variant}"
+    )
+    dtype = {
+        "bfloat16": torch.bfloat16,
+        "float32": torch.float32,
+        "float16": torch.float16,
+    }[options.dtype]
+    log(
+        f"building the {options.model} model ({options.quantize or 'dense'} linears, LM head {options.lm_head}) on {device}"
+    )
+    model = build_preset(
+        options.model,
+        device=device,
+        dtype=dtype,
+        seed=options.seed,
+        quantize=options.quantize,
+        lm_head_quantize=options.lm_head == "nvfp4" and options.quantize is not None,
+    )
+    tokenizer = load_tokenizer(options.model)
+    fast_mode = "graphs" if device.type == "cuda" else "static"
+    document: dict = {
+        "name": stem, "environment": env, "options": {**asdict(options), "batch_sizes": list(options.batch_sizes)},
+        "model": {"preset": options.model, "quantize": options.quantize or "dense", "lm_head": options.lm_head, "dtype": options.dtype,
+                  "weight_bytes_held": model.nbytes()},
+    }  # fmt: skip
+
+    log("accuracy gate: fast path vs plain path")
+    gate = run_gate(
+        model,
+        tokenizer,
+        fast_mode,
+        num_prompts=options.gate_prompts,
+        decode_steps=options.gate_steps,
+        seed=options.seed,
+    )
+    document["gate"] = gate.as_dict()
+    log(gate.message)
+    if not gate.passed:
+        write_results(
+            {
+                **document,
+                "table": [],
+                "ceilings": {
+                    "copy_bandwidth": float("nan"),
+                    "matmul_rate": float("nan"),
+                    "matmul_dtype": "-",
+                },
+            },
+            options.out_dir,
+            stem + "-gate-failed",
+        )
+        raise GateFailed(document)
+    _free(device)
+
+    log("ceilings: copy bandwidth and matrix rate")
+    ceilings = measure_ceilings(device)
+    document["ceilings"] = asdict(ceilings)
+    log(
+        f"copy {ceilings.copy_bandwidth / 1e12:.3f} TB/s, matrix {ceilings.matmul_rate / 1e12:.1f} TFLOP/s"
+    )
+
+    generator = torch.Generator().manual_seed(options.seed + 1)
+    prompt = torch.randint(
+        1, model.config.vocab_size, (options.prompt_tokens,), generator=generator
+    ).tolist()
+    log(
+        f"our engine ({fast_mode}): TTFT, TPOT, throughput at batch sizes {list(options.batch_sizes)}"
+    )
+    ours = measure_engine(
+        model,
+        tokenizer,
+        fast_mode,
+        prompt_tokens=options.prompt_tokens,
+        batch_prompt_tokens=options.batch_prompt_tokens,
+        output_tokens=options.output_tokens,
+        batch_sizes=tuple(options.batch_sizes),
+        seed=options.seed,
+        ttft_prompt=prompt,
+    )
+    document["ours"] = ours.as_dict()
+    _free(device)
+    if options.profile:
+        log("profiling one decode step (static path, eager)")
+        from reference_engine.bench.profile import profile_decode_step
+
+        document["profile"] = profile_decode_step(
+            model,
+            tokenizer,
+            batch=1,
+            context_tokens=min(options.prompt_tokens, 256),
+            seed=options.seed,
+        )
+        _free(device)
+
+    peer = None
+    if options.peer:
+        from reference_engine.bench.peer import build_peer, measure_peer
+
+        log(
+            "peer: transformers Qwen3_5MoeForCausalLM on the same (dequantised) weights"
+        )
+        peer_model = build_peer(model, dtype)
+        peer, peer_logits = measure_peer(
+            peer_model, prompt, decode_tokens=options.peer_decode_tokens
+        )
+        del peer_model
+        _free(device)
+        document["peer"] = peer.as_dict()
+        log(peer.note)
+        reference, candidate = peer_logits.double(), ours.ttft_last_logits.double()
+        log_ref, log_got = (
+            torch.log_softmax(reference, -1),
+            torch.log_softmax(candidate, -1),
+        )
+        document["peer_agreement"] = {
+            "kl": float((log_ref.exp() * (log_ref - log_got)).sum()),
+            "same_top1": bool(reference.argmax() == candidate.argmax()),
+        }
+
+    document["table"] = [
+        row.as_dict() for row in _rows(model.config, options, ceilings, ours, peer)
+    ]
+    document["floors"] = _floor_details(model.config, options)
+    json_path, md_path = write_results(document, options.out_dir, stem)
+    log(f"wrote {json_path} and {md_path}")
+    return document
+
+
+def _rows(config, options: BenchOptions, ceilings, ours, peer) -> list[Row]:
+    bandwidth, rate = ceilings.copy_bandwidth, ceilings.matmul_rate
+    linears = "nvfp4" if options.quantize else "bf16"
+    ttft_floor = prefill_floor(
+        config, options.prompt_tokens, bandwidth, rate, linears, options.lm_head
+    )
+    tpot_floor = decode_floor(
+        config,
+        1,
+        options.prompt_tokens + options.output_tokens // 2,
+        bandwidth,
+        rate,
+        linears,
+        options.lm_head,
+    )
+    rows = [
+        Row(
+            f"TTFT, {options.prompt_tokens} prompt tokens",
+            "ms",
+            1e3 * ours.ttft_seconds,
+            1e3 * ttft_floor.seconds,
+            1e3 * peer.ttft_seconds if peer else None,
+        ),
+        Row(
+            "TPOT, batch 1",
+            "ms",
+            1e3 * ours.tpot_seconds,
+            1e3 * tpot_floor.seconds,
+            1e3 * peer.tpot_seconds if peer else None,
+        ),
+    ]
+    for batch in options.batch_sizes:
+        figures = ours.throughput[str(batch)]
+        floor = decode_floor(
+            config,
+            batch,
+            options.batch_prompt_tokens + options.output_tokens // 2,
+            bandwidth,
+            rate,
+            linears,
+            options.lm_head,
+        )
+        peer_rate = 1.0 / peer.tpot_seconds if (peer and batch == 1) else None
+        rows.append(
+            Row(
+                f"output tokens/s, batch {batch}",
+                "tok/s",
+                figures["tokens_per_second"],
+                batch / floor.seconds,
+                peer_rate,
+            )
+        )
+    return rows
+
+
+def _floor_details(config, options: BenchOptions) -> dict:
+    linears = "nvfp4" if options.quantize else "bf16"
+    details = {}
+    for batch in options.batch_sizes:
+        context = options.batch_prompt_tokens + options.output_tokens // 2
+        moved = step_bytes(config, batch, context, 1, linears, options.lm_head)
+        details[f"decode_batch_{batch}"] = {
+            **asdict(moved),
+            "total": moved.total,
+            "context_tokens": context,
+        }
+    return details

@@ -1,0 +1,171 @@
+"""The whole bench pipeline at tiny size on the CPU: gate, ceilings, figures, profile, peer, JSON and Markdown.
+
+Timing numbers are not asserted (only that they exist and are positive). A known-wrong fast path
+(decode attention with the wrong scale) must fail the gate, and then no speed may be reported.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from reference_engine.bench.gate import compare_logits, run_gate
+from reference_engine.bench.run import BenchOptions, GateFailed, run_bench
+from reference_engine.presets import build_preset
+from reference_engine.tokenizer import load_tokenizer
+
+QUICK = {
+    "model": "tiny",
+    "device": "cpu",
+    "dtype": "float32",
+    "prompt_tokens": 32,
+    "batch_prompt_tokens": 8,
+    "output_tokens": 3,
+    "batch_sizes": (1, 2),
+    "gate_prompts": 2,
+    "gate_steps": 3,
+    "peer_decode_tokens": 2,
+}
+
+
+@pytest.fixture
+def wrong_decode_attention(monkeypatch):
+    """A fast path whose decode attention uses twice the softmax scale (a known-wrong kernel)."""
+    from reference_engine.ops import static_attention
+
+    original = static_attention.paged_decode
+
+    def wrong(query, k_cache, v_cache, block_tables, seq_lens, out, scale):
+        return original(
+            query, k_cache, v_cache, block_tables, seq_lens, out=out, scale=2 * scale
+        )
+
+    monkeypatch.setattr(static_attention, "paged_decode", wrong)
+
+
+def test_bench_writes_json_and_markdown(tmp_path) -> None:
+    document = run_bench(
+        BenchOptions(**QUICK, out_dir=str(tmp_path), name="tiny-run"),
+        log=lambda line: None,
+    )
+    saved = json.loads((tmp_path / "tiny-run.json").read_text())
+    summary = (tmp_path / "tiny-run.md").read_text()
+    assert saved["gate"]["passed"] and saved["gate"]["positions"] > 0
+    assert (
+        saved["environment"]["torch"] == torch.__version__
+        and saved["environment"]["device_name"] == "cpu"
+    )
+    assert (
+        saved["ceilings"]["copy_bandwidth"] > 0 and saved["ceilings"]["matmul_rate"] > 0
+    )
+    figures = [row["figure"] for row in saved["table"]]
+    assert figures == [
+        "TTFT, 32 prompt tokens",
+        "TPOT, batch 1",
+        "output tokens/s, batch 1",
+        "output tokens/s, batch 2",
+    ]
+    for row in saved["table"]:
+        assert row["ours"] > 0 and row["floor"] > 0 and row["ours_over_floor"] > 0
+    assert (
+        saved["table"][0]["peer"] > 0
+        and saved["table"][1]["peer"] > 0
+        and saved["table"][3]["peer"] is None
+    )
+    assert (
+        saved["peer_agreement"]["same_top1"] and saved["peer_agreement"]["kl"] < 1e-6
+    )  # the peer computes the same function
+    assert "flash-linear-attention" in saved["peer"]["note"]
+    assert saved["profile"]["kernels"] and saved["profile"]["total_us"] > 0
+    assert saved["ours"]["throughput"]["2"]["decode_steps"] >= 1
+    assert (
+        "| figure | ours | floor | ours/floor | peer | peer/ours |" in summary
+        and "TPOT, batch 1" in summary
+    )
+    assert document["name"] == "tiny-run"
+
+
+def test_gate_passes_static_and_fails_a_wrong_fast_path(wrong_decode_attention) -> None:
+    model = build_preset("tiny", seed=1)
+    result = run_gate(
+        model, load_tokenizer("tiny"), "static", num_prompts=2, decode_steps=3
+    )
+    assert not result.passed and result.kl_mean > 1e-8, result.message
+
+
+def test_gate_failure_reports_no_speed(tmp_path, wrong_decode_attention) -> None:
+    from toolbox.commands.engine import command
+
+    result = CliRunner().invoke(
+        command,
+        [
+            "bench",
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--output-tokens",
+            "2",
+            "--batch-sizes",
+            "1",
+            "--prompt-tokens",
+            "16",
+            "--gate-prompts",
+            "2",
+            "--gate-steps",
+            "2",
+            "--no-peer",
+            "--no-profile",
+            "--out-dir",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 1
+    assert "accuracy gate failed" in result.output and "KL mean" in result.output
+    assert "tokens/s" not in result.output
+    written = list(tmp_path.glob("*.json"))
+    assert len(written) == 1 and written[0].name.endswith("-gate-failed.json")
+    assert json.loads(written[0].read_text())["table"] == []
+    with pytest.raises(GateFailed):
+        run_bench(
+            BenchOptions(
+                **{**QUICK, "peer": False, "profile": False}, out_dir=str(tmp_path)
+            ),
+            log=lambda line: None,
+        )
+
+
+def test_compare_logits_metrics() -> None:
+    generator = torch.Generator().manual_seed(0)
+    reference = torch.randn(4, 50, generator=generator, dtype=torch.float64) * 3
+    kl_mean, _, top1, positions, counted = compare_logits(
+        [(reference, reference.clone())], (1e-8, 1e-7, 1.0, 1e-3)
+    )
+    assert (
+        kl_mean == pytest.approx(0.0, abs=1e-12)
+        and top1 == 1.0
+        and positions == 4
+        and counted == 4
+    )
+    shuffled = reference[:, torch.randperm(50, generator=generator)]
+    kl_mean, _, top1, _, _ = compare_logits(
+        [(reference, shuffled)], (1e-8, 1e-7, 1.0, 1e-3)
+    )
+    assert kl_mean > 0.1 and top1 < 1.0
+    nan = reference.clone()
+    nan[0, 0] = float("nan")
+    assert compare_logits([(reference, nan)], (1e-8, 1e-7, 1.0, 1e-3))[0] == float(
+        "inf"
+    )
+
+
+def test_cli_rejects_bad_batch_sizes() -> None:
+    from toolbox.commands.engine import command
+
+    result = CliRunner().invoke(command, ["bench", "--batch-sizes", "1,x"])
+    assert result.exit_code == 2 and "comma-separated integers" in result.output
+    result = CliRunner().invoke(command, ["bench", "--help"])
+    assert result.exit_code == 0 and "Examples:" in result.output
