@@ -99,7 +99,7 @@ def check_plan(sched: ToyScheduler, plan) -> None:
         is_decode = start >= req.prompt_len and count == 1
         assert not (is_decode and seen_prefill), "a decode was placed after a prefill chunk (decode-first broken)"
         seen_prefill |= not is_decode
-        assert count >= 1
+        assert count >= 1 and start + count <= req.known, "a chunk runs past the tokens the sequence knows"
     assert sum(sched.reserved.values()) <= sched.num_blocks, "reservations exceed the pool"
 
 
