@@ -1,0 +1,45 @@
+"""Where a Triton kernel may run, and the output buffer it writes.
+
+A wrapper launches on CUDA tensors, or on CPU tensors when the Triton interpreter is on
+(`TRITON_INTERPRET=1`, read by Triton when the kernels are defined: set it before importing a
+kernel module). The interpreter of Triton 3.6 converts float32 to bfloat16 by truncation where the
+GPU rounds to nearest even; under the interpreter the kernels therefore write a float32 buffer and
+torch rounds it into the 16-bit output (`staging_buffer` / `finish`), so CPU tests see the same
+rounding as the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def require_launchable(*tensors: torch.Tensor) -> None:
+    """ValueError unless every tensor is on CUDA, or every tensor is on the CPU under the interpreter."""
+    devices = {tensor.device for tensor in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+    device = devices.pop()
+    if device.type == "cuda":
+        return
+    if device.type == "cpu" and interpreting():
+        return
+    raise ValueError(f"this Triton kernel runs on CUDA tensors (or on the CPU with TRITON_INTERPRET=1), got {device}")
+
+
+def staging_buffer(out: torch.Tensor) -> torch.Tensor:
+    """`out` itself, or under the interpreter a float32 buffer of its shape for 16-bit outputs."""
+    if interpreting() and out.dtype in (torch.bfloat16, torch.float16):
+        return torch.empty(out.shape, dtype=torch.float32, device=out.device)
+    return out
+
+
+def finish(buffer: torch.Tensor, out: torch.Tensor) -> None:
+    """Round the staging buffer into `out` (no-op when the kernel wrote `out` directly)."""
+    if buffer is not out:
+        out.copy_(buffer)

@@ -1,0 +1,157 @@
+"""W4A16 NVFP4 linear for decode-sized M (contract quantization/w4a16-linear), Triton.
+
+`out [M, N] = x [M, K] @ W^T`, W = e2m1 * weight_scale * weight_scale_2 (ModelOpt multiplier
+convention, element 2j in the low nibble). Per program: BLOCK_N output rows, BLOCK_M tokens and
+a slice of K (split-K when the row blocks alone would not fill the GPU's multiprocessors). Each
+step loads a [BLOCK_N, BLOCK_KB] tile of packed bytes (64 contiguous bytes per row: 16-byte
+vector loads), splits the two nibbles in registers and decodes E2M1 by bit placement, not by a
+table: the 3 magnitude bits go to bits 11..9 of a float16 (exponent low bits and the top mantissa
+bit), the sign to bit 15, which is the E2M1 value times 2^-14 (subnormal codes included); the
+2^14 is folded into the tensor scale. The E4M3 block scale is loaded as float8 and converted to
+float32. Products and sums run in float32; the result is written in x's dtype. Split-K partial
+sums go to a float32 workspace reduced by a second tiny kernel (deterministic, no atomics).
+For M > 64 the wrapper dequantises in row slices and calls torch.matmul (the prefill path;
+a tensor-core kernel for it is not written).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.ops.registry import satisfies
+from reference_engine.quant.linear import _check_linear, _matmul_dequantized
+
+MAX_GEMV_TOKENS = 64
+E2M1_FROM_HALF_BITS = 16384.0  # 2^14: float16 with the E2M1 bits placed at 11..9 is value * 2^-14
+_SM_COUNT_DEFAULT = 132
+
+
+@triton.jit
+def _decode_e2m1(codes):
+    """uint8 codes 0..15 -> float32 E2M1 value times 2^-14."""
+    c = codes.to(tl.int16)
+    bits = ((c & 7) << 9) | ((c & 8) << 12)
+    return bits.to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _w4a16_gemv_kernel(
+    x_ptr, packed_ptr, scale_ptr, scale_2_ptr, out_ptr,
+    M, N, K_BYTES,
+    stride_xm, stride_om,
+    STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN] output features
+    tokens = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    row_ok = rows < N
+    token_ok = tokens < M
+    byte_cols = tl.arange(0, BLOCK_KB)  # [KB] bytes = 2 * KB elements
+    block_cols = tl.arange(0, BLOCK_KB // 8)  # [KB/8] scale blocks of 16 elements
+    scale_2 = tl.load(scale_2_ptr) * 16384.0
+    k_blocks = K_BYTES // 8
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(0, STEPS_PER_SPLIT):
+        byte0 = (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB
+        bytes_ok = (byte0 + byte_cols) < K_BYTES
+        packed = tl.load(
+            packed_ptr + rows[:, None].to(tl.int64) * K_BYTES + (byte0 + byte_cols)[None, :],
+            mask=row_ok[:, None] & bytes_ok[None, :], other=0,
+        )  # [BN, KB] uint8
+        blocks_ok = (byte0 // 8 + block_cols) < k_blocks
+        scale = tl.load(
+            scale_ptr + rows[:, None].to(tl.int64) * k_blocks + (byte0 // 8 + block_cols)[None, :],
+            mask=row_ok[:, None] & blocks_ok[None, :], other=0.0,
+        ).to(tl.float32) * scale_2  # [BN, KB/8]
+        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_KB // 8, 8)), (BLOCK_N, BLOCK_KB))
+        w_even = _decode_e2m1(packed & 0xF) * scale  # elements 2j   [BN, KB]
+        w_odd = _decode_e2m1(packed >> 4) * scale  # elements 2j+1 [BN, KB]
+        x_rows = x_ptr + tokens[:, None] * stride_xm + 2 * (byte0 + byte_cols)[None, :]
+        x_mask = token_ok[:, None] & bytes_ok[None, :]
+        x_even = tl.load(x_rows, mask=x_mask, other=0.0).to(tl.float32)  # [BM, KB]
+        x_odd = tl.load(x_rows + 1, mask=x_mask, other=0.0).to(tl.float32)
+        acc += tl.sum(x_even[:, None, :] * w_even[None, :, :] + x_odd[:, None, :] * w_odd[None, :, :], axis=2)
+    out_mask = token_ok[:, None] & row_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptr + tokens[:, None] * stride_om + rows[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:  # workspace [SPLIT_K, M, N] float32
+        tl.store(out_ptr + (pid_k * M + tokens[:, None]) * N + rows[None, :], acc, mask=out_mask)
+
+
+@triton.jit
+def _split_k_reduce_kernel(workspace_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    token = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < N
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for split in range(SPLIT_K):
+        total += tl.load(workspace_ptr + (split * M + token) * N + cols, mask=ok, other=0.0)
+    tl.store(out_ptr + token * stride_om + cols, total.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNT_DEFAULT
+
+
+def plan(tokens: int, rows: int, k_bytes: int, sm_count: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K) for a [tokens, 2 * k_bytes] x [rows, 2 * k_bytes]^T product."""
+    block_m = 1 if tokens == 1 else 2 if tokens == 2 else 4
+    block_n = 16 if rows >= 16 * sm_count else 8
+    block_kb = min(64, triton.next_power_of_2(k_bytes))
+    programs = triton.cdiv(rows, block_n) * triton.cdiv(tokens, block_m)
+    steps = triton.cdiv(k_bytes, block_kb)
+    split_k = 1
+    while programs * split_k < 2 * sm_count and split_k * 2 <= steps and split_k < 16:
+        split_k *= 2
+    return block_m, block_n, block_kb, split_k
+
+
+def launch_w4a16_gemv(x2d: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor, out2d: torch.Tensor) -> None:
+    """x2d [M, K] (unit stride along K), out2d [M, N] (unit stride along N); no validation."""
+    tokens, rows, k_bytes = x2d.shape[0], weight_packed.shape[0], weight_packed.shape[1]
+    block_m, block_n, block_kb, split_k = plan(tokens, rows, k_bytes, _sm_count(x2d.device))
+    steps = triton.cdiv(k_bytes, block_kb)
+    steps_per_split = triton.cdiv(steps, split_k)
+    scale_2 = torch.as_tensor(weight_scale_2, dtype=torch.float32, device=x2d.device).reshape(1)
+    grid = (triton.cdiv(rows, block_n), triton.cdiv(tokens, block_m), split_k)
+    target = out2d if split_k == 1 else torch.empty((split_k, tokens, rows), dtype=torch.float32, device=x2d.device)
+    _w4a16_gemv_kernel[grid](
+        x2d, weight_packed, weight_scale, scale_2, target,
+        tokens, rows, k_bytes, x2d.stride(0), out2d.stride(0),
+        STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_KB=block_kb,
+    )
+    if split_k > 1:
+        block = 256
+        _split_k_reduce_kernel[(triton.cdiv(rows, block), tokens)](target, out2d, tokens, rows, out2d.stride(0), SPLIT_K=split_k, BLOCK=block)
+
+
+@satisfies("quantization/w4a16-linear", major=1, devices=("cuda",), backend="triton")
+def w4a16_linear(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`out [..., N] = x [..., K] @ dequant(W)^T`; Triton GEMV for up to 64 tokens, dequantise + torch.matmul above."""
+    _check_linear(x, weight_packed, weight_scale, weight_scale_2, out)
+    require_launchable(x, weight_packed, weight_scale, out)
+    x2d = x.reshape(-1, x.shape[-1])
+    if x2d.shape[0] > MAX_GEMV_TOKENS:
+        _matmul_dequantized(x2d.float(), weight_packed, weight_scale, weight_scale_2, out)
+        return out
+    if x2d.shape[0] == 0:
+        return out
+    x2d = x2d.contiguous()
+    packed, scale = weight_packed.contiguous(), weight_scale.contiguous()
+    buffer = staging_buffer(out)
+    out2d = buffer.view(-1, buffer.shape[-1]) if buffer.is_contiguous() else None
+    if out2d is None:
+        out2d = torch.empty((x2d.shape[0], packed.shape[0]), dtype=buffer.dtype, device=x.device)
+        launch_w4a16_gemv(x2d, packed, scale, weight_scale_2, out2d)
+        buffer.copy_(out2d.view(buffer.shape))
+    else:
+        launch_w4a16_gemv(x2d, packed, scale, weight_scale_2, out2d)
+    finish(buffer, out)
+    return out

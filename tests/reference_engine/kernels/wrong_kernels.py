@@ -1,0 +1,31 @@
+"""Known-wrong variants of the Triton kernels: the contracts must catch every one of them.
+
+Each wraps the real kernel with one deliberate mistake of a kind real kernels make. They are
+imported only in the interpreter subprocess (TRITON_INTERPRET=1 set before import).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference_engine.kernels import nvfp4_gemv
+
+
+def w4a16_nibbles_swapped(x, weight_packed, weight_scale, weight_scale_2, out):
+    """Reads element 2j from the high nibble (the other packing convention)."""
+    swapped = ((weight_packed >> 4) | (weight_packed << 4)).to(torch.uint8)
+    return nvfp4_gemv.w4a16_linear(x, swapped, weight_scale, weight_scale_2, out)
+
+
+def w4a16_last_tile_unwritten(x, weight_packed, weight_scale, weight_scale_2, out):
+    """A grid one row block short: the last BLOCK_N output features keep whatever `out` held."""
+    rows = weight_packed.shape[0]
+    block_n = nvfp4_gemv.plan(x.reshape(-1, x.shape[-1]).shape[0], rows, weight_packed.shape[1], 132)[1]
+    keep = (rows - 1) // block_n * block_n  # rows of every block but the last
+    nvfp4_gemv.w4a16_linear(x, weight_packed[:keep], weight_scale[:keep], weight_scale_2, out[..., :keep])
+    return out
+
+
+def w4a16_scale_2_ignored(x, weight_packed, weight_scale, weight_scale_2, out):
+    """Forgets the per-tensor scale."""
+    return nvfp4_gemv.w4a16_linear(x, weight_packed, weight_scale, torch.ones_like(torch.as_tensor(weight_scale_2)), out)
