@@ -169,3 +169,26 @@ def test_cli_rejects_bad_batch_sizes() -> None:
     assert result.exit_code == 2 and "comma-separated integers" in result.output
     result = CliRunner().invoke(command, ["bench", "--help"])
     assert result.exit_code == 0 and "Examples:" in result.output
+
+
+@pytest.mark.cuda
+def test_bench_tiny_on_cuda_with_graphs(tmp_path) -> None:
+    """The GPU pipeline at tiny size: the gate compares graph replay with the eager path in bf16."""
+    options = BenchOptions(
+        **{**QUICK, "device": "cuda", "dtype": "bfloat16"},
+        out_dir=str(tmp_path),
+        name="tiny-cuda",
+    )
+    document = run_bench(options, log=lambda line: None)
+    assert document["gate"]["passed"], document["gate"]["message"]
+    assert document["gate"]["fast_mode"].startswith("graphs"), document["gate"][
+        "fast_mode"
+    ]
+    assert document["ours"]["decode_mode"].startswith("graphs"), document["ours"][
+        "decode_mode"
+    ]
+    assert (
+        document["profile"]["clock"].startswith("device")
+        and document["profile"]["kernels"]
+    )
+    assert (tmp_path / "tiny-cuda.md").is_file()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One GPU session on an H200 (about 8 minutes): CUDA tests of the graph decode path and the kernels,
+# then `toolbox engine bench` quick (with the peer and the profile), then the full setting as far
+# as the time allows. Everything goes under "$OUT". Run from the repository root; installs nothing.
+set -u
+OUT="${OUT:-/tmp/bench-out}"
+BUDGET_S="${BUDGET_S:-480}"
+# EXTRA_ARGS: appended to every bench call (a CPU dry run: EXTRA_ARGS="--model tiny --device cpu")
+mkdir -p "$OUT/results"
+export PYTHONPATH=.
+start=$SECONDS
+left() { echo $(( BUDGET_S - (SECONDS - start) )); }
+
+{
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv || true
+  python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+  python3 -c "import importlib.util as u; print({m: bool(u.find_spec(m)) for m in ('click', 'pytest', 'fla', 'tokenizers', 'safetensors')})"
+  git rev-parse HEAD 2>/dev/null || echo "commit: no git on this machine"
+} > "$OUT/environment.txt" 2>&1
+cat "$OUT/environment.txt"
+COMMIT="${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+
+# 1. CUDA tests (graphs, static ops, kernels, contracts' cuda cases), bounded.
+if python3 -c "import pytest" 2>/dev/null; then
+  timeout 150 python3 -m pytest -m cuda -x -q -p no:cacheprovider \
+    tests/reference_engine tests/contracts > "$OUT/pytest_cuda.log" 2>&1
+  echo "pytest rc=$?"; tail -n 25 "$OUT/pytest_cuda.log"
+else
+  echo "pytest is not installed here: CUDA tests skipped" | tee "$OUT/pytest_cuda.log"
+fi
+
+bench() {  # bench <timeout_s> <log name> <args...>
+  local limit=$1 name=$2; shift 2
+  if python3 -c "import click" 2>/dev/null; then
+    timeout "$limit" python3 -m toolbox.cli engine bench --out-dir "$OUT/results" --commit "$COMMIT" "$@" ${EXTRA_ARGS:-} > "$OUT/$name.log" 2>&1
+  else
+    echo "click is not installed: running the pipeline without the CLI" > "$OUT/$name.log"
+    timeout "$limit" python3 -m reference_engine.bench "$OUT/results" "$COMMIT" "$@" ${EXTRA_ARGS:-} >> "$OUT/$name.log" 2>&1
+  fi
+  local rc=$?
+  echo "$name rc=$rc (1: accuracy gate failed, 124: out of time)"; tail -n 40 "$OUT/$name.log"
+}
+
+# 2. Quick setting: full-size architecture, NVFP4 linears, bf16 LM head; peer and profile included.
+bench "$(( $(left) < 230 ? $(left) : 230 ))" bench_quick --output-tokens 32 --batch-sizes 1,8
+
+# 3. Full setting (256 output tokens, batches 1, 8, 32, 64) if time remains; the peer was measured above.
+if [ "$(left)" -gt 120 ]; then
+  bench "$(( $(left) - 10 ))" bench_full --no-peer --no-profile
+else
+  echo "no time left for the full setting ($(left) s)"
+fi
+ls -la "$OUT/results"
