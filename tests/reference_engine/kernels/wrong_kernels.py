@@ -29,3 +29,21 @@ def w4a16_last_tile_unwritten(x, weight_packed, weight_scale, weight_scale_2, ou
 def w4a16_scale_2_ignored(x, weight_packed, weight_scale, weight_scale_2, out):
     """Forgets the per-tensor scale."""
     return nvfp4_gemv.w4a16_linear(x, weight_packed, weight_scale, torch.ones_like(torch.as_tensor(weight_scale_2)), out)
+
+
+def moe_gate_up_swapped(x, topk_weights, topk_ids, gate_up_proj, down_proj, out):
+    """Takes rows 0:I as up and I:2I as gate (the w3/w1 order mistake)."""
+    from reference_engine.kernels import moe_decode
+
+    half = gate_up_proj.shape[1] // 2
+    swapped = torch.cat([gate_up_proj[:, half:], gate_up_proj[:, :half]], dim=1)
+    return moe_decode.routed_experts(x, topk_weights, topk_ids, swapped, down_proj, out)
+
+
+def moe_last_slot_skipped(x, topk_weights, topk_ids, gate_up_proj, down_proj, out):
+    """The slot loop of the down kernel stops one short (range(TOP_K - 1))."""
+    from reference_engine.kernels import moe_decode
+
+    weights = topk_weights.clone()
+    weights[:, -1] = 0.0
+    return moe_decode.routed_experts(x, weights, topk_ids, gate_up_proj, down_proj, out)

@@ -1,0 +1,225 @@
+"""Fused routed experts for decode (contract moe/routed-experts), Triton, dense or NVFP4 weights.
+
+Two launches, no permutation, no atomics:
+1. `_gate_up_kernel`, grid (T * top_k, cdiv(I, BLOCK_N)): program (p, n) takes the pair
+   p = t * top_k + j, its expert e = topk_ids[t, j], and gate rows n*BN.. and the matching up rows
+   I + n*BN..; it streams them once against x[t] and writes act[p] = silu(gate) * up (rounded to
+   x's dtype, as the model rounds the activation before the down projection).
+2. `_down_kernel`, grid (T, cdiv(H, BLOCK_H)): program (t, h) loops over the top_k slots, reads
+   the [BLOCK_H, I] slice of down_proj[e] and accumulates topk_weights[t, j] * (slice @ act) in
+   float32: the weighted sum is fused and deterministic.
+`WEIGHT_NVFP4` switches the weight loads: dense `[E, 2I, H]` / `[E, H, I]` in x's dtype, or packed
+NVFP4 (`StackedNvfp4Experts`: codes `[E, 2I, H/2]`, E4M3 block scales `[E, 2I, H/16]`, tensor scales
+`[E, 2]` for gate and up; down `[E, H, I/2]`, `[E, H, I/16]`, `[E]`), decoded in registers as in
+`nvfp4_gemv`. Repeated ids in a row are summed like distinct ones. Expert ids are range-checked on
+the host except while a CUDA graph is being captured (then out-of-range ids are the caller's bug).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from reference_engine.kernels.launch import finish, interpreting, require_launchable, staging_buffer
+from reference_engine.kernels.nvfp4_gemv import _decode_e2m1
+from reference_engine.ops.moe import _check_expert_range, _check_out, _check_routing, _require
+from reference_engine.ops.registry import satisfies
+from reference_engine.ops.static_moe import StackedNvfp4Experts, capturing
+
+
+@triton.jit
+def _dense_rows_dot(w_ptr, row_base, row_ok, x_ptr, K, k0, BLOCK_K: tl.constexpr):
+    """sum_k W[row, k] x[k] over k0..k0+BLOCK_K for rows at element offsets row_base [BN] (int64)."""
+    cols = k0 + tl.arange(0, BLOCK_K)
+    ok = cols < K
+    w = tl.load(w_ptr + row_base[:, None] + cols[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0).to(tl.float32)
+    xv = tl.load(x_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    return tl.sum(w * xv[None, :], axis=1)
+
+
+@triton.jit
+def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, BLOCK_KB: tl.constexpr):
+    """Same over packed rows `row` [BN] (int64 row index of a [rows, K/2] code matrix); result times
+    2^-14 / weight_scale_2 (the caller multiplies by the tensor scale and 2^14)."""
+    BN: tl.constexpr = row.shape[0]
+    byte_cols = byte0 + tl.arange(0, BLOCK_KB)
+    ok = byte_cols < K_BYTES
+    packed = tl.load(packed_ptr + row[:, None] * K_BYTES + byte_cols[None, :], mask=row_ok[:, None] & ok[None, :], other=0)
+    block_cols = byte0 // 8 + tl.arange(0, BLOCK_KB // 8)
+    scale = tl.load(scale_ptr + row[:, None] * (K_BYTES // 8) + block_cols[None, :], mask=row_ok[:, None] & (block_cols < K_BYTES // 8)[None, :], other=0.0)
+    scale = tl.reshape(tl.broadcast_to(scale.to(tl.float32)[:, :, None], (BN, BLOCK_KB // 8, 8)), (BN, BLOCK_KB))
+    x_even = tl.load(x_ptr + 2 * byte_cols, mask=ok, other=0.0).to(tl.float32)
+    x_odd = tl.load(x_ptr + 2 * byte_cols + 1, mask=ok, other=0.0).to(tl.float32)
+    products = _decode_e2m1(packed & 0xF) * x_even[None, :] + _decode_e2m1(packed >> 4) * x_odd[None, :]
+    return tl.sum(products * scale, axis=1)
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
+    TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pair = tl.program_id(0)  # t * TOP_K + j
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # gate rows; up rows are I + rows
+    row_ok = rows < I
+    token = pair // TOP_K
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    x_row = x_ptr + token.to(tl.int64) * H
+    gate_row = expert * 2 * I + rows  # row index in the [E * 2I, ...] view
+    up_row = gate_row + I
+    gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if WEIGHT_NVFP4:
+        for byte0 in range(0, H // 2, BLOCK_K):
+            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_K)
+            up += _nvfp4_rows_dot(w_ptr, scale_ptr, up_row, row_ok, x_row, H // 2, byte0, BLOCK_K)
+        gate *= tl.load(scale_2_ptr + expert * 2) * 16384.0
+        up *= tl.load(scale_2_ptr + expert * 2 + 1) * 16384.0
+    else:
+        for k0 in range(0, H, BLOCK_K):
+            gate += _dense_rows_dot(w_ptr, gate_row * H, row_ok, x_row, H, k0, BLOCK_K)
+            up += _dense_rows_dot(w_ptr, up_row * H, row_ok, x_row, H, k0, BLOCK_K)
+    act = gate * tl.sigmoid(gate) * up
+    tl.store(act_ptr + pair.to(tl.int64) * I + rows, act.to(act_ptr.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _down_kernel(
+    act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, out_ptr, H: tl.constexpr, I: tl.constexpr,
+    TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
+):
+    token = tl.program_id(0)
+    rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = rows < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in range(TOP_K):
+        pair = token * TOP_K + j
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        weight = tl.load(weights_ptr + pair)
+        act_row = act_ptr + pair.to(tl.int64) * I
+        down_row = expert * H + rows
+        partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        if WEIGHT_NVFP4:
+            for byte0 in range(0, I // 2, BLOCK_I):
+                partial += _nvfp4_rows_dot(w_ptr, scale_ptr, down_row, row_ok, act_row, I // 2, byte0, BLOCK_I)
+            partial *= tl.load(scale_2_ptr + expert) * 16384.0
+        else:
+            for i0 in range(0, I, BLOCK_I):
+                partial += _dense_rows_dot(w_ptr, down_row * I, row_ok, act_row, I, i0, BLOCK_I)
+        acc += weight * partial
+    tl.store(out_ptr + token.to(tl.int64) * H + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+def _launch(x, topk_weights, topk_ids, gate_up, gate_up_scale, gate_up_scale_2, down, down_scale, down_scale_2, intermediate, out, nvfp4: bool) -> None:
+    num_tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    if num_tokens == 0:
+        return
+    # Under the interpreter the activation is written in float32 and rounded by torch (the interpreter truncates).
+    act_dtype = torch.float32 if interpreting() else x.dtype
+    act = torch.empty(num_tokens * top_k, intermediate, dtype=act_dtype, device=x.device)  # [T*k, I]
+    block_n = min(16, triton.next_power_of_2(intermediate))
+    block_k = min(64 if nvfp4 else 128, triton.next_power_of_2(hidden // 2 if nvfp4 else hidden))
+    x = x.contiguous()
+    ids = topk_ids.contiguous()
+    _gate_up_kernel[(num_tokens * top_k, triton.cdiv(intermediate, block_n))](
+        x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
+        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k,
+    )
+    if act.dtype != x.dtype:
+        act = act.to(x.dtype).to(act_dtype)  # round-to-nearest-even into x's dtype, as on the GPU
+    block_h = min(16, triton.next_power_of_2(hidden))
+    block_i = min(64 if nvfp4 else 128, triton.next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
+    buffer = staging_buffer(out)
+    target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
+    _down_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+        act, ids, topk_weights.contiguous(), down, down_scale, down_scale_2, target, hidden, intermediate,
+        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i,
+    )
+    if target is not buffer:
+        buffer.copy_(target)
+    finish(buffer, out)
+
+
+@satisfies("moe/routed-experts", major=1, devices=("cuda",), backend="triton")
+def routed_experts(
+    x: torch.Tensor,  # [T, H]
+    topk_weights: torch.Tensor,  # [T, top_k] float32
+    topk_ids: torch.Tensor,  # [T, top_k] int32
+    gate_up_proj: torch.Tensor,  # [E, 2I, H]
+    down_proj: torch.Tensor,  # [E, H, I]
+    out: torch.Tensor,  # [T, H]
+) -> None:
+    """out[t] = sum_j w[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = topk_ids[t, j]; dense weights."""
+    _require(x.dim() == 2, f"x must be [T, H], got shape {tuple(x.shape)}")
+    num_tokens, hidden = x.shape
+    _check_routing(topk_weights, topk_ids, num_tokens)
+    _require(gate_up_proj.dim() == 3 and gate_up_proj.shape[2] == hidden, f"gate_up_proj must be [E, 2I, H={hidden}], got {tuple(gate_up_proj.shape)}")
+    num_experts, double_intermediate = gate_up_proj.shape[:2]
+    _require(double_intermediate % 2 == 0, f"gate_up_proj rows must be 2I (even), got {double_intermediate}")
+    intermediate = double_intermediate // 2
+    _require(
+        tuple(down_proj.shape) == (num_experts, hidden, intermediate),
+        f"down_proj must be [E={num_experts}, H={hidden}, I={intermediate}], got {tuple(down_proj.shape)}",
+    )
+    _require(gate_up_proj.dtype == x.dtype and down_proj.dtype == x.dtype, f"expert weights must have the dtype of x ({x.dtype}), got {gate_up_proj.dtype} and {down_proj.dtype}")
+    _check_out(out, (num_tokens, hidden), x.dtype, "out")
+    require_launchable(x, topk_weights, topk_ids, gate_up_proj, down_proj, out)
+    if not capturing(x):
+        _check_expert_range(topk_ids, num_experts)
+    gate_up, down = gate_up_proj.contiguous(), down_proj.contiguous()
+    _launch(x, topk_weights, topk_ids, gate_up, gate_up, gate_up, down, down, down, intermediate, out, nvfp4=False)
+
+
+def nvfp4_routed_experts(
+    x: torch.Tensor,  # [T, H]
+    topk_weights: torch.Tensor,  # [T, top_k] float32
+    topk_ids: torch.Tensor,  # [T, top_k] int32
+    experts: StackedNvfp4Experts,
+    out: torch.Tensor,  # [T, H]
+) -> None:
+    """Routed experts over stacked NVFP4 weights, decoded in registers; the signature of `ops.static_moe.nvfp4_routed_experts`."""
+    _require(x.dim() == 2, f"x must be [T, H], got shape {tuple(x.shape)}")
+    _require(x.dtype in (torch.float32, torch.bfloat16, torch.float16), f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    num_tokens, hidden = x.shape
+    _check_routing(topk_weights, topk_ids, num_tokens)
+    _check_out(out, (num_tokens, hidden), x.dtype, "out")
+    num_experts, double_intermediate, half_hidden = experts.gate_up_packed.shape
+    intermediate = double_intermediate // 2
+    _require(half_hidden * 2 == hidden and hidden % 16 == 0, f"gate_up_packed must be [E, 2I, H/2={hidden // 2}] with H % 16 == 0, got {tuple(experts.gate_up_packed.shape)}")
+    _require(intermediate % 16 == 0, f"I ({intermediate}) must be a multiple of 16")
+    expected = {
+        "gate_up_packed": ((num_experts, 2 * intermediate, hidden // 2), torch.uint8),
+        "gate_up_scale": ((num_experts, 2 * intermediate, hidden // 16), torch.float8_e4m3fn),
+        "gate_up_scale_2": ((num_experts, 2), torch.float32),
+        "down_packed": ((num_experts, hidden, intermediate // 2), torch.uint8),
+        "down_scale": ((num_experts, hidden, intermediate // 16), torch.float8_e4m3fn),
+        "down_scale_2": ((num_experts,), torch.float32),
+    }
+    for name, (shape, dtype) in expected.items():
+        tensor = getattr(experts, name)
+        _require(tuple(tensor.shape) == shape and tensor.dtype == dtype, f"experts.{name} must be {dtype} {shape}, got {tensor.dtype} {tuple(tensor.shape)}")
+    tensors = [getattr(experts, name).contiguous() for name in expected]
+    require_launchable(x, topk_weights, topk_ids, out, *tensors)
+    if not capturing(x):
+        _check_expert_range(topk_ids, num_experts)
+    _launch(x, topk_weights, topk_ids, *tensors[:3], *tensors[3:], intermediate, out, nvfp4=True)
+
+
+def stack_nvfp4_experts(
+    gate: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    up: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    down: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> StackedNvfp4Experts:
+    """Per-expert (weight_packed, weight_scale, weight_scale_2) of gate [I, H], up [I, H], down [H, I] -> the
+    stacked layout the kernels read (once, at load time; `model/experts.py` does the same for its Linears)."""
+    _require(len(gate) == len(up) == len(down) >= 1, f"need as many gate, up and down experts, got {len(gate)}, {len(up)}, {len(down)}")
+    return StackedNvfp4Experts(
+        gate_up_packed=torch.stack([torch.cat([g[0], u[0]]) for g, u in zip(gate, up)]),  # [E, 2I, H/2]
+        gate_up_scale=torch.stack([torch.cat([g[1], u[1]]) for g, u in zip(gate, up)]),  # [E, 2I, H/16]
+        gate_up_scale_2=torch.stack([torch.stack([torch.as_tensor(g[2]).reshape(()), torch.as_tensor(u[2]).reshape(())]).float() for g, u in zip(gate, up)]),  # [E, 2]
+        down_packed=torch.stack([d[0] for d in down]),  # [E, H, I/2]
+        down_scale=torch.stack([d[1] for d in down]),  # [E, H, I/16]
+        down_scale_2=torch.stack([torch.as_tensor(d[2]).reshape(()).float() for d in down]),  # [E]
+    )
