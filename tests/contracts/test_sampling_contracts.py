@@ -84,14 +84,18 @@ def _draw(probabilities, seeds):
 
 def _sampler(**mistakes):
     def sample_tokens(logits, temperature, top_k, top_p, seeds, out):
-        probabilities = _filtered(logits.cpu(), temperature.cpu(), top_k.cpu(), top_p.cpu(), **mistakes)
         greedy = temperature.cpu() == 0
+        rows = torch.nonzero(~greedy).squeeze(1)  # only the sampled rows need the (slow, float64) filtering
+        drawn = torch.zeros(logits.shape[0], dtype=torch.int64)
+        if rows.numel():
+            probabilities = _filtered(logits.cpu()[rows], temperature.cpu()[rows], top_k.cpu()[rows], top_p.cpu()[rows], **mistakes)
+            drawn[rows] = _draw(probabilities, seeds.cpu()[rows])
         if mistakes.get("ties_high"):
             first = torch.argmax(logits.cpu().double().flip(-1), dim=-1)
             argmax = logits.shape[1] - 1 - first
         else:
             argmax = torch.argmax(logits.cpu().double(), dim=-1)
-        out.copy_(torch.where(greedy, argmax, _draw(probabilities, seeds)))
+        out.copy_(torch.where(greedy, argmax, drawn))
 
     return sample_tokens
 
@@ -117,8 +121,8 @@ def sampler_greedy_rows_unwritten(logits, temperature, top_k, top_p, seeds, out)
 def test_the_correct_test_sampler_passes():
     """The helper the wrong samplers are built from is itself right, so each mistake is the only difference."""
     loaded = driver.load(STOCHASTIC)
-    for name in SMALL_STOCHASTIC:
-        assert driver.run_case(loaded, _sampler(), loaded.case(name)).status == "PASSED", name
+    outcome = driver.run_case(loaded, _sampler(), loaded.case("small-vocab-f32"))
+    assert outcome.status == "PASSED", outcome.message
 
 
 STOCHASTIC_WRONG = [  # (name, sampler, what the driver must say)
@@ -178,7 +182,8 @@ def test_engine_op_passes_through_the_toolbox_harness(contract_id):
 @pytest.mark.parametrize("contract_id,impl,status", HARNESS_WRONG, ids=[w[1] for w in HARNESS_WRONG])
 def test_known_wrong_implementation_fails_through_the_toolbox_harness(contract_id, impl, status):
     harness = pytest.importorskip("toolbox.harness")
-    records = harness.run_contracts([contract_id], impl=f"{MODULE}:{impl}", devices=["cpu"], isolation=False)
+    small = ["small-f32", "small-vocab-f32"] + [e.name for e in driver.load(contract_id).contract.errors]  # keep it quick
+    records = harness.run_contracts([contract_id], impl=f"{MODULE}:{impl}", devices=["cpu"], cases=small, isolation=False)
     cases = {record.case: record.status.value for record in records if record.kind == "case"}
     errors = {record.case: record.status.value for record in records if record.kind == "error"}
     assert cases and set(cases.values()) == {status}, cases
