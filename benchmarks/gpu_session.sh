@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU session on an H200 (about 8 minutes): CUDA tests of the graph decode path and the kernels,
-# then `toolbox engine bench` quick (with the peer and the profile), then the full setting as far
-# as the time allows. Everything goes under "$OUT". Run from the repository root; installs nothing.
+# then `toolbox engine bench` in the full setting (gate, ceilings, profile, TTFT/TPOT, peer, then
+# tokens/s at batch 1, 8, 32, 64; results saved after each figure), then the NVFP4 LM head variant
+# if time remains. Everything goes under "$OUT". Run from the repository root; installs nothing.
 set -u
 OUT="${OUT:-/tmp/bench-out}"
 BUDGET_S="${BUDGET_S:-480}"
@@ -22,11 +23,15 @@ COMMIT="${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 
 # 1. CUDA tests (graphs, static ops, kernels, contracts' cuda cases), bounded.
 if python3 -c "import pytest" 2>/dev/null; then
-  timeout 150 python3 -m pytest -m cuda -x -q -p no:cacheprovider \
-    tests/reference_engine tests/contracts > "$OUT/pytest_cuda.log" 2>&1
-  echo "pytest rc=$?"; tail -n 25 "$OUT/pytest_cuda.log"
+  MINE="tests/reference_engine/test_cuda_graphs.py tests/reference_engine/test_bench_pipeline.py"
+  timeout 100 python3 -m pytest -m cuda -x -q -p no:cacheprovider $MINE > "$OUT/pytest_cuda_graphs.log" 2>&1
+  echo "pytest (graphs, bench) rc=$?"; tail -n 15 "$OUT/pytest_cuda_graphs.log"
+  timeout 100 python3 -m pytest -m cuda -x -q -p no:cacheprovider tests/reference_engine tests/contracts \
+    --ignore=tests/reference_engine/test_cuda_graphs.py --ignore=tests/reference_engine/test_bench_pipeline.py \
+    > "$OUT/pytest_cuda_rest.log" 2>&1
+  echo "pytest (kernels, contracts, engine) rc=$? (124: out of time)"; tail -n 15 "$OUT/pytest_cuda_rest.log"
 else
-  echo "pytest is not installed here: CUDA tests skipped" | tee "$OUT/pytest_cuda.log"
+  echo "pytest is not installed here: CUDA tests skipped" | tee "$OUT/pytest_cuda_graphs.log"
 fi
 
 bench() {  # bench <timeout_s> <log name> <args...>
@@ -41,13 +46,15 @@ bench() {  # bench <timeout_s> <log name> <args...>
   echo "$name rc=$rc (1: accuracy gate failed, 124: out of time)"; tail -n 40 "$OUT/$name.log"
 }
 
-# 2. Quick setting: full-size architecture, NVFP4 linears, bf16 LM head; peer and profile included.
-bench "$(( $(left) < 230 ? $(left) : 230 ))" bench_quick --output-tokens 32 --batch-sizes 1,8
+# 2. Full setting: full-size architecture, NVFP4 linears, bf16 LM head, 256 output tokens at batch 1, 8, 32, 64,
+#    with the peer and the profile. Results are written after each figure, so a timeout keeps what was measured.
+bench "$(( $(left) - 15 ))" bench_full
 
-# 3. Full setting (256 output tokens, batches 1, 8, 32, 64) if time remains; the peer was measured above.
-if [ "$(left)" -gt 120 ]; then
-  bench "$(( $(left) - 10 ))" bench_full --no-peer --no-profile
+# 3. The NVFP4 LM head variant, quick, if time remains.
+if [ "$(left)" -gt 150 ]; then
+  bench "$(( $(left) - 10 ))" bench_lmhead_nvfp4 --lm-head nvfp4 --output-tokens 32 --batch-sizes 1,8 --no-peer --no-profile
 else
-  echo "no time left for the full setting ($(left) s)"
+  echo "no time left for the NVFP4 LM head variant ($(left) s)"
 fi
 ls -la "$OUT/results"
+for summary in "$OUT"/results/*.md; do [ -f "$summary" ] && sed -n '1,25p' "$summary"; done

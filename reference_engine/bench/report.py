@@ -48,6 +48,7 @@ def markdown(document: dict) -> str:
     lines = [
         f"# Engine benchmark: {document['name']}",
         "",
+        *(["**Partial: the run ended before every figure was measured.**", ""] if document.get("partial") else []),
         f"- device: {env['device_name']}; torch {env['torch']}, triton {env['triton']}, transformers {env['transformers']}; commit {env['commit']}",
         (
             f"- model: {document['model']['preset']} architecture, seeded random weights, linears {document['model']['quantize']}, "

@@ -20,7 +20,7 @@ import torch
 from reference_engine.bench.ceilings import measure_ceilings
 from reference_engine.bench.floor import decode_floor, prefill_floor, step_bytes
 from reference_engine.bench.gate import run_gate
-from reference_engine.bench.measure import measure_engine
+from reference_engine.bench.measure import EngineBench
 from reference_engine.bench.report import Row, write_results
 
 
@@ -200,22 +200,19 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = print) -> dict
     prompt = torch.randint(
         1, model.config.vocab_size, (options.prompt_tokens,), generator=generator
     ).tolist()
-    log(
-        f"our engine ({fast_mode}): TTFT, TPOT, throughput at batch sizes {list(options.batch_sizes)}"
-    )
-    ours = measure_engine(
-        model,
-        tokenizer,
-        fast_mode,
-        prompt_tokens=options.prompt_tokens,
-        batch_prompt_tokens=options.batch_prompt_tokens,
-        output_tokens=options.output_tokens,
-        batch_sizes=tuple(options.batch_sizes),
-        seed=options.seed,
-        ttft_prompt=prompt,
-    )
-    document["ours"] = ours.as_dict()
-    _free(device)
+
+    def save(partial: bool) -> None:
+        document["partial"] = partial
+        document["table"] = [
+            row.as_dict()
+            for row in _rows(
+                model.config, options, ceilings, document["ours"], document.get("peer")
+            )
+        ]
+        document["floors"] = _floor_details(model.config, options)
+        json_path, md_path = write_results(document, options.out_dir, stem)
+        log(f"wrote {json_path} and {md_path}" + (" (partial)" if partial else ""))
+
     if options.profile:
         log("profiling one decode step (static path, eager)")
         from reference_engine.bench.profile import profile_decode_step
@@ -229,7 +226,18 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = print) -> dict
         )
         _free(device)
 
-    peer = None
+    log(
+        f"our engine ({fast_mode}): TTFT and TPOT at {options.prompt_tokens} prompt tokens"
+    )
+    bench = EngineBench(model, tokenizer, fast_mode, options.prompt_tokens, options.batch_prompt_tokens, options.output_tokens,
+                        max(options.batch_sizes), seed=options.seed)  # fmt: skip
+    ours: dict = {"throughput": {}}
+    document["ours"] = ours
+    ours["ttft"], our_logits = bench.ttft(prompt)
+    ours["tpot"] = bench.tpot(prompt)
+    ours["decode_mode"] = bench.decode_mode()
+    save(partial=True)
+
     if options.peer:
         from reference_engine.bench.peer import build_peer, measure_peer
 
@@ -244,7 +252,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = print) -> dict
         _free(device)
         document["peer"] = peer.as_dict()
         log(peer.note)
-        reference, candidate = peer_logits.double(), ours.ttft_last_logits.double()
+        reference, candidate = peer_logits.double(), our_logits.double()
         log_ref, log_got = (
             torch.log_softmax(reference, -1),
             torch.log_softmax(candidate, -1),
@@ -253,17 +261,21 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = print) -> dict
             "kl": float((log_ref.exp() * (log_ref - log_got)).sum()),
             "same_top1": bool(reference.argmax() == candidate.argmax()),
         }
+        save(partial=True)
 
-    document["table"] = [
-        row.as_dict() for row in _rows(model.config, options, ceilings, ours, peer)
-    ]
-    document["floors"] = _floor_details(model.config, options)
-    json_path, md_path = write_results(document, options.out_dir, stem)
-    log(f"wrote {json_path} and {md_path}")
+    for batch in options.batch_sizes:
+        log(f"our engine: output tokens/s at batch {batch}")
+        ours["throughput"][str(batch)] = bench.throughput(batch)
+        ours["decode_mode"] = bench.decode_mode()
+        save(partial=batch != options.batch_sizes[-1])
+    del bench
+    _free(device)
     return document
 
 
-def _rows(config, options: BenchOptions, ceilings, ours, peer) -> list[Row]:
+def _rows(
+    config, options: BenchOptions, ceilings, ours: dict, peer: dict | None
+) -> list[Row]:
     bandwidth, rate = ceilings.copy_bandwidth, ceilings.matmul_rate
     linears = "nvfp4" if options.quantize else "bf16"
     ttft_floor = prefill_floor(
@@ -278,24 +290,24 @@ def _rows(config, options: BenchOptions, ceilings, ours, peer) -> list[Row]:
         linears,
         options.lm_head,
     )
-    rows = [
-        Row(
-            f"TTFT, {options.prompt_tokens} prompt tokens",
-            "ms",
-            1e3 * ours.ttft_seconds,
-            1e3 * ttft_floor.seconds,
-            1e3 * peer.ttft_seconds if peer else None,
-        ),
-        Row(
-            "TPOT, batch 1",
-            "ms",
-            1e3 * ours.tpot_seconds,
-            1e3 * tpot_floor.seconds,
-            1e3 * peer.tpot_seconds if peer else None,
-        ),
-    ]
+    rows = []
+    if "ttft" in ours:
+        rows.append(Row(f"TTFT, {options.prompt_tokens} prompt tokens", "ms", 1e3 * ours["ttft"]["seconds"], 1e3 * ttft_floor.seconds,
+                        1e3 * peer["ttft_seconds"] if peer else None))  # fmt: skip
+    if "tpot" in ours:
+        rows.append(
+            Row(
+                "TPOT, batch 1",
+                "ms",
+                1e3 * ours["tpot"]["seconds"],
+                1e3 * tpot_floor.seconds,
+                1e3 * peer["tpot_seconds"] if peer else None,
+            )
+        )
     for batch in options.batch_sizes:
-        figures = ours.throughput[str(batch)]
+        figures = ours["throughput"].get(str(batch))
+        if figures is None:
+            continue
         floor = decode_floor(
             config,
             batch,
@@ -305,7 +317,7 @@ def _rows(config, options: BenchOptions, ceilings, ours, peer) -> list[Row]:
             linears,
             options.lm_head,
         )
-        peer_rate = 1.0 / peer.tpot_seconds if (peer and batch == 1) else None
+        peer_rate = 1.0 / peer["tpot_seconds"] if (peer and batch == 1) else None
         rows.append(
             Row(
                 f"output tokens/s, batch {batch}",
