@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import mkdocs_gen_files
+from mkdocs.structure.files import InclusionLevel
 
-from toolbox.site_build import generate_site
+from toolbox.site_build import NAV_FILE, generate_site
 from toolbox.site_build.layout import Repository
 
 HAND_WRITTEN_EDIT_PATHS = {"index.md": "site/docs/index.md", "about.md": "site/docs/about.md"}
@@ -25,6 +26,11 @@ for page, text in site.pages.items():
         handle.write(text)
 for page, source in {**site.edit_paths, **HAND_WRITTEN_EDIT_PATHS}.items():
     mkdocs_gen_files.set_edit_path(page, source)
+
+# The nav file feeds mkdocs-literate-nav only; it is not a page of the site.
+nav_file = mkdocs_gen_files.FilesEditor.current().files.get_file_from_path(NAV_FILE)
+if nav_file is not None:
+    nav_file.inclusion = InclusionLevel.EXCLUDED
 
 llmstxt = config.plugins.get("llmstxt")
 if llmstxt is not None:
