@@ -47,3 +47,21 @@ def moe_last_slot_skipped(x, topk_weights, topk_ids, gate_up_proj, down_proj, ou
     weights = topk_weights.clone()
     weights[:, -1] = 0.0
     return moe_decode.routed_experts(x, weights, topk_ids, gate_up_proj, down_proj, out)
+
+
+def router_ties_to_higher_index(router_logits, topk_weights, topk_ids, top_k):
+    """Breaks ties toward the higher expert index (the kernel run on the reversed expert axis)."""
+    from reference_engine.kernels import router
+
+    experts = router_logits.shape[1]
+    router.router_topk(router_logits.flip(1).contiguous(), topk_weights, topk_ids, top_k)
+    topk_ids.copy_(experts - 1 - topk_ids)
+
+
+def router_not_renormalised(router_logits, topk_weights, topk_ids, top_k):
+    """Returns the top-k softmax probabilities without renormalising them."""
+    from reference_engine.kernels import router
+
+    router.router_topk(router_logits, topk_weights, topk_ids, top_k)
+    chosen = torch.softmax(router_logits.float(), dim=-1).gather(1, topk_ids.long())
+    topk_weights.mul_(chosen.sum(dim=1, keepdim=True))

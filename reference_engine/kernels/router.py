@@ -1,0 +1,74 @@
+"""Fused MoE router: softmax (float32) + top-k + renormalise, one program per token (contract moe/router-topk).
+
+The program loads the token's E logits once (E = 256 fits one block), then picks top_k times the
+largest remaining logit, the lowest index among equal ones (a `taken` mask, so -inf logits and
+repeated values cannot select an expert twice). Selecting on logits equals selecting on the
+float32 probabilities except for logits within an ulp of each other. The weights are
+exp(l_i - l_max) over their sum across the chosen experts: the full softmax's normaliser cancels
+in the renormalisation, so it is never computed. Rows come out in decreasing order, ties toward
+the lower index, as the torch op orders them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from reference_engine.kernels.launch import require_launchable
+from reference_engine.ops.moe import _check_out, _require
+from reference_engine.ops.registry import satisfies
+
+
+@triton.jit
+def _router_topk_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_t, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, BLOCK_E)
+    valid = experts < E
+    logits = tl.load(logits_ptr + token * stride_t + experts, mask=valid, other=float("-inf")).to(tl.float32)  # [BE]
+    taken = experts >= E
+    slots = tl.arange(0, BLOCK_K)
+    chosen_ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
+    chosen_logits = tl.full((BLOCK_K,), float("-inf"), dtype=tl.float32)
+    for slot in range(TOP_K):
+        remaining = tl.where(taken, float("-inf"), logits)
+        best = tl.max(remaining, axis=0)
+        index = tl.min(tl.where((remaining == best) & (~taken), experts, BLOCK_E), axis=0)
+        taken = taken | (experts == index)
+        chosen_ids = tl.where(slots == slot, index, chosen_ids)
+        chosen_logits = tl.where(slots == slot, best, chosen_logits)
+    top = tl.max(chosen_logits, axis=0)
+    numerators = tl.where(slots < TOP_K, tl.exp(chosen_logits - top), 0.0)
+    weights = numerators / tl.sum(numerators, axis=0)
+    keep = slots < TOP_K
+    tl.store(weights_ptr + token * TOP_K + slots, weights, mask=keep)
+    tl.store(ids_ptr + token * TOP_K + slots, chosen_ids, mask=keep)
+
+
+@satisfies("moe/router-topk", major=1, devices=("cuda",), backend="triton")
+def router_topk(
+    router_logits: torch.Tensor,  # [T, E]
+    topk_weights: torch.Tensor,  # [T, top_k] float32
+    topk_ids: torch.Tensor,  # [T, top_k] int32
+    top_k: int,
+) -> None:
+    """softmax in float32, the top_k largest (ties: lower index first), renormalised to sum 1."""
+    _require(router_logits.dim() == 2, f"router_logits must be [T, E], got shape {tuple(router_logits.shape)}")
+    num_tokens, num_experts = router_logits.shape
+    _require(isinstance(top_k, int) and 1 <= top_k <= num_experts, f"top_k must be an integer in [1, E={num_experts}], got {top_k!r}")
+    _check_out(topk_weights, (num_tokens, top_k), torch.float32, "topk_weights")
+    _check_out(topk_ids, (num_tokens, top_k), torch.int32, "topk_ids")
+    require_launchable(router_logits, topk_weights, topk_ids)
+    if num_tokens == 0:
+        return
+    logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
+    weights = topk_weights if topk_weights.is_contiguous() else torch.empty_like(topk_weights, memory_format=torch.contiguous_format)
+    ids = topk_ids if topk_ids.is_contiguous() else torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
+    _router_topk_kernel[(num_tokens,)](
+        logits, weights, ids, num_experts, logits.stride(0),
+        TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
+    )
+    if weights is not topk_weights:
+        topk_weights.copy_(weights)
+    if ids is not topk_ids:
+        topk_ids.copy_(ids)
