@@ -65,3 +65,27 @@ def router_not_renormalised(router_logits, topk_weights, topk_ids, top_k):
     router.router_topk(router_logits, topk_weights, topk_ids, top_k)
     chosen = torch.softmax(router_logits.float(), dim=-1).gather(1, topk_ids.long())
     topk_weights.mul_(chosen.sum(dim=1, keepdim=True))
+
+
+def gdn_beta_ignored(query, key, value, g, beta, state, out, state_out):
+    """Writes with full strength (beta taken as 1)."""
+    from reference_engine.kernels import gdn_decode
+
+    gdn_decode.gdn_recurrent_decode(query, key, value, g, torch.ones_like(beta), state, out, state_out)
+
+
+def gdn_key_heads_tiled(query, key, value, g, beta, state, out, state_out):
+    """Key head i serves value heads i, i + Hk, i + 2 Hk, ... (tiled) instead of i*G .. i*G+G-1."""
+    from reference_engine.kernels import gdn_decode
+
+    num_k_heads, num_v_heads = query.shape[1], value.shape[1]
+    group = num_v_heads // num_k_heads
+    heads = torch.arange(num_v_heads)
+    order = torch.empty_like(heads)
+    order[(heads % num_k_heads) * group + heads // num_k_heads] = heads  # slot p holds value head order[p]
+    inverse = torch.argsort(order)
+    moved_out = torch.empty_like(out)
+    moved_state = torch.empty_like(state_out)
+    gdn_decode.gdn_recurrent_decode(query, key, value[:, order].contiguous(), g[:, order].contiguous(), beta[:, order].contiguous(), state[:, order].contiguous(), moved_out, moved_state)
+    out.copy_(moved_out[:, inverse])
+    state_out.copy_(moved_state[:, inverse])
