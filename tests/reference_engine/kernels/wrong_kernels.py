@@ -89,3 +89,25 @@ def gdn_key_heads_tiled(query, key, value, g, beta, state, out, state_out):
     gdn_decode.gdn_recurrent_decode(query, key, value[:, order].contiguous(), g[:, order].contiguous(), beta[:, order].contiguous(), state[:, order].contiguous(), moved_out, moved_state)
     out.copy_(moved_out[:, inverse])
     state_out.copy_(moved_state[:, inverse])
+
+
+def paged_last_token_dropped(query, k_cache, v_cache, block_tables, seq_lens, out, scale):
+    """Attends to seq_lens - 1 tokens (the new token's key and value left out)."""
+    from reference_engine.kernels import paged_decode
+
+    return paged_decode.paged_decode(query, k_cache, v_cache, block_tables, (seq_lens - 1).clamp(min=1), out, scale)
+
+
+def paged_kv_heads_tiled(query, k_cache, v_cache, block_tables, seq_lens, out, scale):
+    """Query head h reads KV head h % Hkv instead of h // (Hq / Hkv)."""
+    from reference_engine.kernels import paged_decode
+
+    query_heads, kv_heads = query.shape[1], k_cache.shape[2]
+    group = query_heads // kv_heads
+    heads = torch.arange(query_heads)
+    order = torch.empty_like(heads)
+    order[(heads % kv_heads) * group + heads // kv_heads] = heads
+    moved = torch.empty_like(out)
+    paged_decode.paged_decode(query[:, order].contiguous(), k_cache, v_cache, block_tables, seq_lens, moved, scale)
+    out.copy_(moved[:, torch.argsort(order)])
+    return out
