@@ -72,7 +72,7 @@ class Chromium:
 
     def __init__(self, executable: str, timeout_s: float = 30.0) -> None:
         self.executable, self.timeout_s = executable, timeout_s
-        self.profile = tempfile.TemporaryDirectory(prefix="toolbox-chromium-")
+        self.profile = tempfile.TemporaryDirectory(prefix="toolbox-chromium-", ignore_cleanup_errors=True)  # helpers may still be writing
         self.process: subprocess.Popen | None = None
         self.socket: websocket.WebSocket | None = None
         self.next_id = 0

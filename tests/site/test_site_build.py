@@ -33,6 +33,8 @@ def test_every_skill_and_contract_has_exactly_one_page_in_the_nav(built_site, re
         page = layout.skill_page(skill.frontmatter.metadata.domain, skill.name)
         assert (built_site.output_dir / _served(page) / "index.html").is_file(), skill.name
         assert home.count(f'href="{_served(page)}"') == 1, f"{skill.name} is not exactly once in the navigation"
+        # a leaf link named for the skill (not swallowed as a section's index page)
+        assert re.search(rf'href="{re.escape(_served(page))}" class="md-nav__link[^"]*">\s*<span class="md-ellipsis">\s*{re.escape(skill.name)}\s*<', home), skill.name
     for contract in contracts:
         page = layout.contract_page(contract.id)
         assert (built_site.output_dir / _served(page) / "index.html").is_file(), contract.id

@@ -67,7 +67,7 @@ def _header(catalog: Catalog, entry: ContractEntry, contract: Contract) -> str:
     ]
     body = "".join(f"<tr><th>{label}</th><td>{value}</td></tr>" for label, value in rows)
     run = f"toolbox test {contract.id} --impl mypkg.module:function"
-    return (f'<div class="toolbox-meta">\n<p class="toolbox-when">{html.escape(contract.summary)}</p>\n<table>{body}</table>\n</div>\n\n'
+    return (f'<div class="toolbox-meta">\n<p class="toolbox-when">{html.escape(contract.summary)}</p>\n<table class="toolbox-facts">{body}</table>\n</div>\n\n'
             f"Test an implementation: `{run}`\n")
 
 

@@ -89,5 +89,5 @@ def metadata_box(catalog: Catalog, skill: SkillEntry) -> str:
     table_rows = "".join(f"<tr><th>{label}</th><td>{value}</td></tr>" for label, value in rows)
     return (
         f'<div class="toolbox-meta">\n<p class="toolbox-when">{html.escape(frontmatter.description)}</p>\n'
-        f"<table>{table_rows}</table>\n</div>\n"
+        f"<table class=\"toolbox-facts\">{table_rows}</table>\n</div>\n"
     )
