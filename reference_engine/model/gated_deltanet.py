@@ -15,6 +15,7 @@ import torch
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.linear import Linear
+from reference_engine.ops import static_linear_attention
 from reference_engine.ops.linear_attention import (
     causal_conv1d,
     causal_conv1d_update,
@@ -78,7 +79,9 @@ class GatedDeltaNet:
 
         core = torch.empty(num_tokens, self.num_v_heads, self.v_head_dim, dtype=x.dtype, device=x.device)  # [T, Hv, Dv]
         state_out = torch.empty_like(state_in)  # [B, Hv, Dk, Dv]
-        if batch.is_decode:
+        if getattr(batch, "static_shapes", False):  # CUDA-graph decode: the capturable variant
+            static_linear_attention.gdn_recurrent_decode(query, key, value, g, beta, state_in, out=core, state_out=state_out)
+        elif batch.is_decode:
             gdn_recurrent_decode(query, key, value, g, beta, state_in, out=core, state_out=state_out)
         else:
             gdn_chunked_prefill(query, key, value, g, beta, batch.cu_seqlens_q, state_in, out=core, final_state=state_out)

@@ -54,9 +54,8 @@ class StackedNvfp4Experts:
         packed = self.gate_up_packed.index_select(0, ids)  # [N, 2I, H/2]
         scale = self.gate_up_scale.index_select(0, ids).float()  # [N, 2I, H/16]
         half = packed.shape[1] // 2
-        scale_2 = self.gate_up_scale_2.index_select(0, ids).repeat_interleave(
-            half, dim=1
-        )  # [N, 2I]
+        scale_2 = self.gate_up_scale_2.index_select(0, ids)[:, :, None].expand(-1, 2, half)  # [N, 2, I]
+        scale_2 = scale_2.reshape(-1, 2 * half)  # [N, 2I]: gate rows then up rows
         return _dequantize(packed, scale * scale_2[:, :, None], dtype)
 
     def dequantize_down(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
