@@ -55,6 +55,7 @@ TRITON_KERNELS: dict[str, tuple[str, str]] = {
     "paged_decode": ("paged_decode", "paged_decode"),
     "rms_norm": ("norms", "rms_norm"),
     "fused_add_rms_norm": ("norms", "fused_add_rms_norm"),
+    "gated_rms_norm": ("norms", "gated_rms_norm"),
 }
 
 
@@ -73,7 +74,7 @@ def torch_ops() -> OpSet:
         gdn_recurrent_decode=gdn_recurrent_decode,
         causal_conv1d_update=causal_conv1d_update,
     )
-    return replace(ops, backends={name: "torch" for name in TRITON_KERNELS} | {"gated_rms_norm": "torch", "shared_expert": "torch", "causal_conv1d_update": "torch"})
+    return replace(ops, backends={name: "torch" for name in TRITON_KERNELS} | {"shared_expert": "torch", "causal_conv1d_update": "torch"})
 
 
 def triton_available() -> bool:

@@ -111,3 +111,26 @@ def paged_kv_heads_tiled(query, k_cache, v_cache, block_tables, seq_lens, out, s
     paged_decode.paged_decode(query[:, order].contiguous(), k_cache, v_cache, block_tables, seq_lens, moved, scale)
     out.copy_(moved[:, torch.argsort(order)])
     return out
+
+
+def rms_norm_weight_not_zero_centred(x, weight, out, eps=1e-6):
+    """Multiplies by w instead of 1 + w."""
+    from reference_engine.kernels import norms
+
+    return norms.rms_norm(x, weight - 1.0, out, eps)
+
+
+def gated_rms_norm_zero_centred(x, z, weight, out, eps=1e-6):
+    """Multiplies by 1 + w (the layer-norm convention) instead of w."""
+    from reference_engine.kernels import norms
+
+    return norms.gated_rms_norm(x, z, weight + 1.0, out, eps)
+
+
+def fused_add_norms_x_not_the_sum(x, residual, weight, out, residual_out, eps=1e-6):
+    """Writes the sum but normalises x alone."""
+    from reference_engine.kernels import norms
+
+    norms.fused_add_rms_norm(x, torch.zeros_like(residual), weight, out, torch.empty_like(residual_out), eps)
+    residual_out.copy_(x.float() + residual.float())
+    return out

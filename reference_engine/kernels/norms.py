@@ -1,0 +1,119 @@
+"""RMSNorm kernels (contracts norms-and-activations/rmsnorm, fused-add-rmsnorm, gated-rmsnorm), Triton.
+
+One program per row of `[..., D]` (D up to a few thousand fits one block), float32 inside,
+rounded once into the output:
+- `rms_norm`: x * rsqrt(mean(x^2) + eps) * (1 + w) (zero-centred weight);
+- `fused_add_rms_norm`: residual_out = x + residual rounded to x's dtype, then rms_norm of that
+  rounded value (as the model adds in its dtype), both written by the same program;
+- `gated_rms_norm`: w * norm(x) * silu(z) (plain weight).
+The bf16 rounding of the residual sum is done in the kernel by integer arithmetic on the float32
+bits (round to nearest even), identical on the GPU and in the Triton interpreter (whose float32 ->
+bfloat16 conversion truncates).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.ops.norms import _check_norm_inputs, _check_same
+from reference_engine.ops.registry import satisfies
+
+PLAIN, FUSED_ADD, GATED = 0, 1, 2
+
+
+@triton.jit
+def _round_to_bf16(values):
+    """float32 -> the nearest bfloat16 value (ties to even), still float32 (finite inputs)."""
+    bits = values.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return rounded.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, D, eps,
+                     MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    ok = cols < D
+    x = tl.load(x_ptr + row * D + cols, mask=ok, other=0.0).to(tl.float32)
+    if MODE == 1:
+        x = x + tl.load(residual_ptr + row * D + cols, mask=ok, other=0.0).to(tl.float32)
+        if BF16:
+            x = _round_to_bf16(x)
+        else:
+            x = x.to(residual_out_ptr.dtype.element_ty).to(tl.float32)
+        tl.store(residual_out_ptr + row * D + cols, x.to(residual_out_ptr.dtype.element_ty), mask=ok)
+    weight = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    normed = x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    if MODE == 2:
+        z = tl.load(z_ptr + row * D + cols, mask=ok, other=0.0).to(tl.float32)
+        y = weight * normed * (z * tl.sigmoid(z))
+    else:
+        y = normed * (1.0 + weight)
+    tl.store(out_ptr + row * D + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=None) -> None:
+    width = x.shape[-1]
+    rows = x.numel() // width
+    if rows == 0:
+        return
+    buffer = staging_buffer(out)
+    target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
+    residual_target = None
+    if residual_out is not None:
+        residual_target = residual_out if residual_out.is_contiguous() else torch.empty_like(residual_out, memory_format=torch.contiguous_format)
+    x_c = x.contiguous()
+    _rms_norm_kernel[(rows,)](
+        x_c, residual.contiguous() if residual is not None else x_c, z.contiguous() if z is not None else x_c,
+        weight.contiguous(), target, residual_target if residual_target is not None else target, width, float(eps),
+        MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=triton.next_power_of_2(width),
+    )
+    if residual_target is not None and residual_target is not residual_out:
+        residual_out.copy_(residual_target)
+    if target is not buffer:
+        buffer.copy_(target)
+    finish(buffer, out)
+
+
+@satisfies("norms-and-activations/rmsnorm", major=1, devices=("cuda",), backend="triton")
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """out = x * rsqrt(mean(x^2, -1) + eps) * (1 + weight), float32 inside, over the last dim of x [..., D]."""
+    _check_norm_inputs(x, weight, eps)
+    _check_same("out", out, x, "x")
+    require_launchable(x, weight, out)
+    _launch(PLAIN, x, weight, out, eps)
+    return out
+
+
+@satisfies("norms-and-activations/gated-rmsnorm", major=1, devices=("cuda",), backend="triton")
+def gated_rms_norm(x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """out = weight * norm(x) * silu(z), float32 inside; the weight is NOT zero-centred. x, z, out [..., D]."""
+    _check_norm_inputs(x, weight, eps)
+    _check_same("z", z, x, "x")
+    _check_same("out", out, x, "x")
+    require_launchable(x, z, weight, out)
+    _launch(GATED, x, weight, out, eps, z=z)
+    return out
+
+
+@satisfies("norms-and-activations/fused-add-rmsnorm", major=1, devices=("cuda",), backend="triton")
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    residual_out: torch.Tensor,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """residual_out = x + residual (rounded to x.dtype); out = rms_norm(residual_out). All [..., D]."""
+    _check_norm_inputs(x, weight, eps)
+    _check_same("residual", residual, x, "x")
+    _check_same("out", out, x, "x")
+    _check_same("residual_out", residual_out, x, "x")
+    require_launchable(x, residual, weight, out, residual_out)
+    _launch(FUSED_ADD, x, weight, out, eps, residual=residual, residual_out=residual_out)
+    return out

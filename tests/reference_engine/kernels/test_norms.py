@@ -1,0 +1,62 @@
+"""Triton RMSNorm kernels against rmsnorm, fused-add-rmsnorm and gated-rmsnorm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_interpreter import assert_all_passed, contract_records
+
+KERNELS = {
+    "norms-and-activations/rmsnorm": (
+        "rms_norm", ["small-f32", "small-bf16", "odd-width-f32", "decode-t1-bf16", "weight-wrong-length", "weight-2d", "integer-x", "eps-not-positive"],
+        "rms_norm_weight_not_zero_centred",
+    ),
+    "norms-and-activations/fused-add-rmsnorm": (
+        "fused_add_rms_norm", ["small-f32", "small-bf16", "decode-t1-bf16", "residual-shape-mismatch", "residual-dtype-mismatch", "weight-wrong-length"],
+        "fused_add_norms_x_not_the_sum",
+    ),
+    "norms-and-activations/gated-rmsnorm": (
+        "gated_rms_norm", ["small-f32", "small-bf16", "decode-t1-bf16", "z-shape-mismatch", "z-dtype-mismatch", "weight-wrong-length"],
+        "gated_rms_norm_zero_centred",
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(KERNELS))
+def contract_run(request):
+    function, cases, wrong = KERNELS[request.param]
+    impl = f"reference_engine.kernels.norms:{function}"
+    records = contract_records(request.param, {impl: cases, f"wrong_kernels:{wrong}": ["small-f32", "small-bf16"]})
+    return records[impl], cases, records[f"wrong_kernels:{wrong}"]
+
+
+def test_contract_cpu_cases_pass_under_the_interpreter_and_a_wrong_variant_is_caught(contract_run):
+    records, cases, wrong_records = contract_run
+    assert_all_passed(records, cases)
+    assert len(wrong_records) == 2
+    assert all(r["status"] == "INCORRECT_NUMERICAL" for r in wrong_records), [(r["case"], r["status"], r["message"]) for r in wrong_records]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 64, 1024])
+def test_matches_the_torch_ops_on_cuda(tokens):
+    from reference_engine.kernels import norms as kernels
+    from reference_engine.ops import norms as torch_ops
+
+    generator = torch.Generator(device="cuda").manual_seed(tokens)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, device="cuda").bfloat16()
+
+    x, residual, weight = randn(tokens, 2048), randn(tokens, 2048), randn(2048) * 0.1
+    expected, expected_residual = torch.empty_like(x), torch.empty_like(x)
+    torch_ops.fused_add_rms_norm(x, residual, weight, expected, expected_residual)
+    out, residual_out = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+    kernels.fused_add_rms_norm(x, residual, weight, out, residual_out)
+    assert torch.equal(residual_out, expected_residual)
+    torch.testing.assert_close(out, expected, rtol=1.6e-2, atol=1e-2)
+    heads, z, head_weight = randn(tokens * 32, 128), randn(tokens * 32, 128), randn(128)
+    expected_gated, gated = torch.empty_like(heads), torch.full_like(heads, float("nan"))
+    torch_ops.gated_rms_norm(heads, z, head_weight, expected_gated)
+    kernels.gated_rms_norm(heads, z, head_weight, gated)
+    torch.testing.assert_close(gated, expected_gated, rtol=1.6e-2, atol=1e-2)
