@@ -104,7 +104,7 @@ def test_benchmarks_page_plots_the_recorded_figures(tmp_path):
     folder.mkdir(parents=True)
     (folder / "run.json").write_text(json.dumps(_engine_document()))
     page = benchmarks_page(load_result_files(tmp_path))
-    assert page.count("<svg") == 3 and "polyline" in page
+    assert page.count("<svg") == 4 and "polyline" in page  # throughput, fraction of floor, TTFT, TPOT
     assert "NVIDIA H200" in page and "1.6" in page
     # the plotted points carry the recorded values (tooltips), ours below the floor at batch 64
     assert f"ours: {500.0 * 64 ** 0.7:,.0f}" in page and f"floor: {1700.0 * 64 ** 0.8:,.0f}" in page

@@ -11,6 +11,7 @@ from pathlib import Path
 
 CONFIG = Path("site") / "mkdocs.yml"
 DEFAULT_OUTPUT = Path("site") / "build"
+WATCHED = ("knowledge", "contracts", "results", "benchmarks", "toolbox/site_build", "site/gen")
 REQUIRED_MODULES = ("mkdocs", "material", "mkdocs_gen_files", "mkdocs_literate_nav", "mkdocs_llmstxt")
 # Third-party start-up banners about MkDocs' future; they are not warnings about this site.
 QUIET_BANNERS = {"NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
@@ -63,6 +64,9 @@ def serve(root: Path, host: str, port: int) -> int:
     """Serve with live reload until interrupted; returns mkdocs' exit code."""
     config = _check(root)
     command = [sys.executable, "-m", "mkdocs", "serve", "--config-file", str(config), "--dev-addr", f"{host}:{port}"]
+    for folder in WATCHED:  # the sources of the generated pages, beside site/docs which mkdocs watches itself
+        if (root / folder).is_dir():
+            command += ["--watch", str(root / folder)]
     try:
         return subprocess.call(command, cwd=root, env=_environment())
     except KeyboardInterrupt:

@@ -162,9 +162,10 @@ def _results(entry: ContractEntry, rows: list[ResultRow]) -> str:
                      f"`toolbox test {entry.id} --engine reference_engine --device cpu --output results/cpu/reference_engine.json` "
                      "and commit the file.\n")
         return "\n".join(parts)
-    parts.append(table(["implementation", "device", "version", "passed", "failed", "skipped", "max abs err", "max rel err", "roofline", "recorded"], [
-        [code_cell(r.implementation), cell(r.device_name), code_cell(r.contract_version), cell(r.counts.get("PASSED", 0)), cell(r.failed),
-         cell(r.counts.get("SKIPPED", 0)), cell(format_error(r.max_abs_error)), cell(format_error(r.max_rel_error)),
+    parts.append(table(["implementation", "device", "version", "records", "max error (abs / rel)", "roofline", "recorded"], [
+        [code_cell(r.implementation), cell(r.device_name), code_cell(r.contract_version),
+         cell(f"{r.counts.get('PASSED', 0)} passed, {r.failed} failed, {r.counts.get('SKIPPED', 0)} skipped"),
+         cell(f"{format_error(r.max_abs_error)} / {format_error(r.max_rel_error)}"),
          cell(f"{max(r.roofline_fractions):.0%} best" if r.roofline_fractions else ""), cell(f"{r.timestamp[:10]} {r.commit[:8]} ({r.source})")]
         for r in mine]))
     failures = [(r, rec) for r in mine for rec in r.failing_records]

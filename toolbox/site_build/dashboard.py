@@ -14,10 +14,10 @@ def _verdict(row: ResultRow) -> str:
     if row.total == 0:
         return "no records"
     if row.failed:
-        return f"❌ {row.failed} failing"
+        return f"{row.failed} failing"
     if row.counts.get("PASSED", 0) == 0:
-        return "⏭ all skipped"
-    return "✅ passing"
+        return "all skipped"
+    return "passing"
 
 
 def dashboard_page(catalog: Catalog, files: ResultFiles, rows: list[ResultRow]) -> str:
@@ -41,17 +41,17 @@ def dashboard_page(catalog: Catalog, files: ResultFiles, rows: list[ResultRow]) 
         version = contract.document.contract.version if contract.document.contract else "invalid"
         mine = by_contract.get(contract.id, [])
         if not mine:
-            body.append([link, code_cell(version), "–", "–", "no results recorded", "–", "–", "–", "–", "–"])
+            body.append([link, code_cell(version), "–", "–", "no results recorded", "–", "–", "–", "–"])
             continue
         for row in mine:
             counts = ", ".join(f"{status} {count}" for status, count in sorted(row.counts.items()))
             stale = "" if row.contract_version == version else f" (tested {row.contract_version})"
             body.append([link, code_cell(version) + cell(stale), code_cell(row.implementation), cell(row.device_name), cell(_verdict(row)),
-                         cell(counts), cell(format_error(row.max_abs_error)), cell(format_error(row.max_rel_error)),
+                         cell(counts), cell(f"{format_error(row.max_abs_error)} / {format_error(row.max_rel_error)}"),
                          cell(f"{max(row.roofline_fractions):.0%}" if row.roofline_fractions else ""),
                          cell(f"{row.timestamp[:10]} {row.commit[:8]}")])
-    parts += ["## By contract\n", table(["contract", "version", "implementation", "device", "verdict", "statuses", "max abs err",
-                                          "max rel err", "roofline", "recorded"], body)]
+    parts += ["## By contract\n", table(["contract", "version", "implementation", "device", "verdict", "statuses",
+                                          "max error (abs / rel)", "roofline", "recorded"], body)]
     orphans = sorted({row.contract_id for row in rows} - {c.id for c in catalog.contracts})
     if orphans:
         parts.append("Results name contracts that no longer exist: " + ", ".join(f"`{o}`" for o in orphans) + ".\n")
