@@ -110,6 +110,7 @@ def test_custom_interface(impl: str, status: Status, fragment: str) -> None:
         ("unbound-axis", "leaves axes M unbound"),
         ("wrong-input-shape", "make_inputs: 'x' has shape (13,), declared (12,)"),
         ("wrong-reference-shape", "reference output 'out' has shape (15,), declared (16,)"),
+        ("make-inputs-raises", "make_inputs raised RuntimeError: Expected a 'cpu' device type for generator"),
     ],
 )
 def test_contract_bugs_are_runtime_errors_naming_the_bug(case: str, fragment: str) -> None:

@@ -53,7 +53,6 @@ def bench_contract(
 
 
 def _bench_one(loaded: LoadedContract, function: Callable, impl: str, benchmark, hardware: HardwareProfile, runs: int, env) -> Record:
-    import torch
 
     contract = loaded.contract
     base = dict(contract_id=contract.id, contract_version=contract.version, implementation=impl, case=benchmark.name,
@@ -66,7 +65,6 @@ def _bench_one(loaded: LoadedContract, function: Callable, impl: str, benchmark,
     except ContractError as error:
         return Record(**base, status=Status.RUNTIME_ERROR, message=f"contract bug in {contract.id}: {error}")
     except Exception as error:
-        torch.cuda.synchronize()
         return Record(**base, status=Status.RUNTIME_ERROR, message=f"implementation raised {last_line(error)}")
     fraction, note = None, "no roofline in the contract"
     if contract.roofline is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -121,7 +122,14 @@ def generator_for(binding: Binding) -> torch.Generator:
 def make_inputs(loaded: LoadedContract, binding: Binding) -> dict[str, torch.Tensor]:
     """Call the contract's make_inputs and check it returned every declared input with its shape, dtype and device."""
     function = loaded.function(loaded.contract.make_inputs)
-    inputs = function(dict(binding.axes), dict(binding.params), binding.dtype, binding.device, generator_for(binding))
+    try:
+        inputs = function(dict(binding.axes), dict(binding.params), binding.dtype, binding.device, generator_for(binding))
+    except Exception as error:
+        text = traceback.format_exception_only(type(error), error)[-1].strip()
+        hint = ""
+        if "generator" in text and "device" in text:
+            hint = " (the generator lives on the case's device: create random tensors with device=device, generator=generator)"
+        raise ContractError(f"make_inputs raised {text}{hint}") from None
     if not isinstance(inputs, dict):
         raise ContractError(f"make_inputs of {loaded.id} returned {type(inputs).__name__}, not a dict")
     check_tensors(loaded.contract.inputs, inputs, binding, "make_inputs", strict_names=True)

@@ -4,12 +4,13 @@ The child re-imports the implementation by its `module:function` path and loads 
 path (with "fork" both are usually already in memory). CPU cases fork a fresh child each (cheap).
 CUDA cases run in a spawned worker (CUDA cannot be used in a forked child of a process that touched
 it); since spawning re-imports torch and creates a CUDA context, one worker serves case after case
-and is replaced after a timeout, a crash, or any RUNTIME_ERROR (a CUDA fault poisons the context).
+and is replaced after a timeout, a crash, or a faulted CUDA context.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,18 @@ def _serve(connection) -> None:
         if job is None:
             return
         _child(job, connection, close=False)
+        if job.device == "cuda" and not _cuda_healthy():
+            os._exit(70)  # a faulted CUDA context poisons every later case: the parent starts a fresh worker
+
+
+def _cuda_healthy() -> bool:
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+    except Exception:
+        return False
+    return True
 
 
 class SpawnedWorker:
@@ -118,8 +131,6 @@ class SpawnedWorker:
             code = self._process.exitcode
             self._process = None
             return Outcome(Status.RUNTIME_ERROR, f"the implementation crashed: {_exit_description(code)}", device=job.device)
-        if outcome.status == Status.RUNTIME_ERROR:
-            self.stop()  # a fresh CUDA context for the next case
         return outcome
 
 
