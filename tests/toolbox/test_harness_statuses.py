@@ -110,7 +110,7 @@ def test_custom_interface(impl: str, status: Status, fragment: str) -> None:
         ("unbound-axis", "leaves axes M unbound"),
         ("wrong-input-shape", "make_inputs: 'x' has shape (13,), declared (12,)"),
         ("wrong-reference-shape", "reference output 'out' has shape (15,), declared (16,)"),
-        ("make-inputs-raises", "make_inputs raised RuntimeError: Expected a 'cpu' device type for generator"),
+        ("make-inputs-raises", "make_inputs raised RuntimeError: Expected a 'cuda' device type for generator"),
     ],
 )
 def test_contract_bugs_are_runtime_errors_naming_the_bug(case: str, fragment: str) -> None:
@@ -164,3 +164,15 @@ def test_forked_child_survives_parent_openmp_use() -> None:
     torch.softmax(torch.randn(2048, 1024), dim=-1)  # large enough for intra-op parallelism in this process
     outcome = run_job_isolated(job("softmax-inplace", "softmax_inplace", "rows"), timeout_s=20)
     assert outcome.status == Status.PASSED, outcome.message
+
+
+def test_inputs_are_drawn_from_a_seeded_cpu_generator_for_every_device() -> None:
+    """One seed gives the same inputs on every device (make_inputs draws on the CPU, then moves)."""
+    import torch
+
+    from toolbox.harness.inputs import Binding, generator_for
+
+    cpu = generator_for(Binding({}, {}, torch.float32, "cpu", 5))
+    cuda = generator_for(Binding({}, {}, torch.float32, "cuda", 5))
+    assert cuda.device.type == "cpu"
+    assert torch.equal(torch.randn(8, generator=cpu), torch.randn(8, generator=cuda))

@@ -114,7 +114,10 @@ def spec_dtype(spec: TensorSpec, case_dtype: torch.dtype) -> torch.dtype:
 
 
 def generator_for(binding: Binding) -> torch.Generator:
-    generator = torch.Generator(device=binding.device)
+    """A CPU generator seeded with the case's seed, whatever the case's device: make_inputs draws on the CPU
+    and moves the tensors to `device`, so one seed gives the same inputs on every device (every contract
+    in contracts/ is written this way; a few draw on `generator.device`, which also works)."""
+    generator = torch.Generator(device="cpu")
     generator.manual_seed(binding.seed)
     return generator
 
@@ -128,7 +131,7 @@ def make_inputs(loaded: LoadedContract, binding: Binding) -> dict[str, torch.Ten
         text = traceback.format_exception_only(type(error), error)[-1].strip()
         hint = ""
         if "generator" in text and "device" in text:
-            hint = " (the generator lives on the case's device: create random tensors with device=device, generator=generator)"
+            hint = " (the generator is a CPU generator: draw on the CPU, then move the tensors with .to(device))"
         raise ContractError(f"make_inputs raised {text}{hint}") from None
     if not isinstance(inputs, dict):
         raise ContractError(f"make_inputs of {loaded.id} returned {type(inputs).__name__}, not a dict")
