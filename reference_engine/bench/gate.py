@@ -101,13 +101,14 @@ def run_gate(
     num_prompts: int = 4,
     decode_steps: int = 8,
     seed: int = 0,
+    max_prompt_tokens: int = 64,
 ) -> GateResult:
-    """Greedy decode of `num_prompts` random prompts (16..64 tokens) on both paths; judged by GATE_BOUNDS."""
+    """Greedy decode of `num_prompts` random prompts (16..max_prompt_tokens tokens) on both paths; judged by GATE_BOUNDS."""
     dtype = str(model.dtype).removeprefix("torch.")
     bounds = GATE_BOUNDS[dtype]
     generator = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
-    lengths = torch.randint(16, 65, (num_prompts,), generator=generator).tolist()
+    lengths = torch.randint(min(16, max_prompt_tokens), max_prompt_tokens + 1, (num_prompts,), generator=generator).tolist()
     prompts = [
         torch.randint(1, vocab, (n,), generator=generator).tolist() for n in lengths
     ]

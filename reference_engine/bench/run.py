@@ -37,6 +37,8 @@ class BenchOptions:
     batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
     gate_prompts: int = 4
     gate_steps: int = 8
+    gate_prompt_tokens: int = 64  # longest gate prompt
+    ttft_repeats: int = 3
     peer: bool = True
     peer_decode_tokens: int = 4
     profile: bool = True
@@ -169,6 +171,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = print) -> dict
         num_prompts=options.gate_prompts,
         decode_steps=options.gate_steps,
         seed=options.seed,
+        max_prompt_tokens=options.gate_prompt_tokens,
     )
     document["gate"] = gate.as_dict()
     log(gate.message)
@@ -233,7 +236,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = print) -> dict
                         max(options.batch_sizes), seed=options.seed)  # fmt: skip
     ours: dict = {"throughput": {}}
     document["ours"] = ours
-    ours["ttft"], our_logits = bench.ttft(prompt)
+    ours["ttft"], our_logits = bench.ttft(prompt, repeats=options.ttft_repeats)
     ours["tpot"] = bench.tpot(prompt)
     ours["decode_mode"] = bench.decode_mode()
     save(partial=True)
