@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
 import re
-from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urldefrag, urlparse
 
@@ -69,39 +69,40 @@ def test_llms_txt_lists_every_skill_with_its_description(built_site, repo_root):
     assert "Gated DeltaNet" in full and len(full) > len(llms)
 
 
-class _Links(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.targets: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        for name, value in attrs:
-            if name in ("href", "src") and value and tag in ("a", "link", "script", "img"):
-                self.targets.append(value)
+LINK = re.compile(r'<(?:a|link|script|img)\b[^>]*?\s(?:href|src)="([^"]*)"')
 
 
-def test_every_internal_link_resolves(built_site):
-    """Raw-HTML links (metadata boxes, crumbs) are not checked by mkdocs, so every href in the build is checked here."""
-    root = built_site.output_dir
+def broken_links(root: Path) -> list[str]:
     broken = []
     for page in root.rglob("*.html"):
         if page.name == "404.html":
             continue  # served for any path, so its links are absolute under site_url
-        parser = _Links()
-        parser.feed(page.read_text(encoding="utf-8"))
-        for target in parser.targets:
-            parsed = urlparse(target)
-            if parsed.scheme or target.startswith(("#", "mailto:", "//")):
+        for target in LINK.findall(page.read_text(encoding="utf-8")):
+            if urlparse(target).scheme or target.startswith(("#", "mailto:", "//")):
                 continue
             path = unquote(urldefrag(target)[0])
             if not path:
                 continue
-            resolved = (page.parent / path).resolve()
+            resolved = Path(os.path.normpath(page.parent / path))
             if resolved.is_dir():
                 resolved = resolved / "index.html"
             if not resolved.exists():
                 broken.append(f"{page.relative_to(root)} -> {target}")
+    return broken
+
+
+def test_every_internal_link_resolves(built_site):
+    """Raw-HTML links (metadata boxes, crumbs) are not checked by mkdocs, so every href in the build is checked here."""
+    broken = broken_links(built_site.output_dir)
     assert not broken, "broken links:\n" + "\n".join(broken[:40])
+
+
+def test_the_link_check_finds_a_broken_link(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "index.html").write_text('<a href="../b/">b</a> <a class="x" href="../a/#top">a</a> <img src="../c.png">')
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "index.html").write_text('<a href="https://example.org">web</a> <code>&lt;a href="nowhere/"&gt;</code>')
+    assert broken_links(tmp_path) == ["a/index.html -> ../c.png"]
 
 
 def test_pages_have_edit_links_to_their_sources(built_site):
