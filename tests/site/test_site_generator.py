@@ -60,7 +60,7 @@ def test_newest_results_file_wins_and_failures_show(tmp_path, catalog):
     assert files.not_understood and files.not_understood[0][0] == "benchmarks/notes.json"
 
     status = dashboard_page(catalog, files, rows)
-    line = next(line for line in status.splitlines() if f"`{CONTRACT}`" in line)
+    line = next(line for line in status.splitlines() if f"[{CONTRACT}](" in line)
     assert "1 failing" in line and "INCORRECT_NUMERICAL 1" in line and "5.00e-01" in line
     assert "no results recorded" in status  # every other contract is listed as untested
     assert "benchmarks/notes.json" in status
@@ -73,7 +73,7 @@ def test_a_passing_run_reads_as_passing_and_timed_runs_show_the_roofline(tmp_pat
         _record("small-f32", Status.PASSED, 1e-7), _record("decode-t1", Status.PASSED, None, kind="benchmark", latency_ms=0.0123, fraction=0.41)])
     rows = latest_rows(load_result_files(tmp_path))
     status = dashboard_page(catalog, load_result_files(tmp_path), rows)
-    line = next(line for line in status.splitlines() if f"`{CONTRACT}`" in line)
+    line = next(line for line in status.splitlines() if f"[{CONTRACT}](" in line)
     assert "passing" in line and "failing" not in line and "41%" in line
     page = contract_page(catalog, catalog.contract(CONTRACT), rows)
     assert "0.0123" in page and "41.0%" in page

@@ -18,7 +18,7 @@ def _number(value) -> float | None:
 
 
 def benchmarks_page(files: ResultFiles) -> str:
-    parts = ["# Engine benchmarks\n",
+    parts = ["---\nhide: [navigation]\n---\n", "# Engine benchmarks\n",
              "What `toolbox engine bench` recorded: the reference engine's time to first token (TTFT), time per output token "
              "(TPOT) and decode throughput by batch size, next to the **floor** (the bytes a step must move over the copy "
              "bandwidth measured in the same run, or its FLOPs over the measured matrix rate, whichever is larger) and a "

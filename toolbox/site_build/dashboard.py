@@ -21,7 +21,7 @@ def _verdict(row: ResultRow) -> str:
 
 
 def dashboard_page(catalog: Catalog, files: ResultFiles, rows: list[ResultRow]) -> str:
-    parts = ["# Contract status\n",
+    parts = ["---\nhide: [navigation]\n---\n", "# Contract status\n",
              "The latest recorded results of every contract, per implementation and device: one row per "
              "(contract, implementation, device), taken from the newest results file that holds it. Files are the "
              "`{environment, records}` documents written by `toolbox test|check|bench --output` and committed under "
@@ -37,7 +37,7 @@ def dashboard_page(catalog: Catalog, files: ResultFiles, rows: list[ResultRow]) 
                        [[cell(len(catalog.contracts)), cell(passing), cell(failing), cell(untested), cell(len(files.record_files))]]))
     body = []
     for contract in catalog.contracts:
-        link = f"[`{contract.id}`]({layout.relative_link(PAGE, contract.page)})"
+        link = f"[{contract.id}]({layout.relative_link(PAGE, contract.page)})"
         version = contract.document.contract.version if contract.document.contract else "invalid"
         mine = by_contract.get(contract.id, [])
         if not mine:
