@@ -68,11 +68,27 @@ class StackedNvfp4Experts:
         return _dequantize(packed, scale, dtype)
 
 
+_BYTE_VALUES: dict[torch.device, torch.Tensor] = {}  # device -> [256, 2]; filled on first (uncaptured) use
+
+
+def _byte_values(device: torch.device) -> torch.Tensor:
+    """The two E2M1 values (low nibble, high nibble) of every byte 0..255, float32, on `device`."""
+    if device not in _BYTE_VALUES:
+        every_byte = torch.arange(256, dtype=torch.int32).to(torch.uint8)[:, None]  # [256, 1]
+        _BYTE_VALUES[device] = decode_e2m1(unpack_e2m1(every_byte)).to(device)  # [256, 2]
+    return _BYTE_VALUES[device]
+
+
 def _dequantize(
     packed: torch.Tensor, block_scale: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """packed [..., K/2] uint8, block_scale [..., K/16] float32 (already times the tensor scale) -> [..., K] in dtype."""
-    values = decode_e2m1(unpack_e2m1(packed))  # [..., K] float32
+    """packed [..., K/2] uint8, block_scale [..., K/16] float32 (already times the tensor scale) -> [..., K] in dtype.
+
+    Each byte is looked up whole in a 256 x 2 table (low nibble first), one gather instead of
+    unpack + mask + widen + gather: the same values, fewer passes over the weights.
+    """
+    table = _byte_values(packed.device)  # [256, 2] float32
+    values = F.embedding(packed.reshape(-1).int(), table)  # [numel, 2] float32
     blocks = values.reshape(*block_scale.shape, 16) * block_scale[..., None]
     return blocks.reshape(*packed.shape[:-1], packed.shape[-1] * 2).to(dtype)
 
