@@ -10,7 +10,6 @@ import json
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from reference_engine.bench.gate import compare_logits, run_gate
 from reference_engine.bench.run import BenchOptions, run_bench
@@ -97,6 +96,8 @@ def test_gate_passes_static_and_fails_a_wrong_fast_path(wrong_decode_attention) 
 
 
 def test_gate_failure_reports_no_speed(tmp_path, wrong_decode_attention) -> None:
+    from click.testing import CliRunner
+
     from toolbox.commands.engine import command
 
     result = CliRunner().invoke(
@@ -158,6 +159,8 @@ def test_compare_logits_metrics() -> None:
 
 
 def test_cli_rejects_bad_batch_sizes() -> None:
+    from click.testing import CliRunner
+
     from toolbox.commands.engine import command
 
     result = CliRunner().invoke(command, ["bench", "--batch-sizes", "1,x"])

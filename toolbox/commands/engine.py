@@ -1,4 +1,4 @@
-"""`toolbox engine generate|quantize`: the reference engine from the command line (thin layer over reference_engine)."""
+"""`toolbox engine generate|quantize|bench`: the reference engine from the command line (thin layer over reference_engine)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ Examples:
   toolbox engine generate --prompt "The capital of France is"
   toolbox engine generate --model /models/qwen3.6-35b-a3b --device cuda --dtype bfloat16 --prompt "Hi"
   toolbox engine quantize /models/bf16 /models/nvfp4 --format modelopt
+  toolbox engine bench --output-tokens 32 --batch-sizes 1,8
 """,
 )
 def command() -> None:
-    """The reference engine: generate text, quantize a checkpoint to NVFP4."""
+    """The reference engine: generate text, quantize a checkpoint to NVFP4, benchmark it."""
 
 
 @command.command(
