@@ -25,7 +25,7 @@ L2_EPS = 1e-6
 
 @triton.jit
 def _gdn_decode_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, state_out_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, state_out_ptr, q_scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, EPS: tl.constexpr,
 ):
@@ -39,7 +39,7 @@ def _gdn_decode_kernel(
     qk_offset = (seq * HK + key_head) * DK + dims
     q = tl.load(q_ptr + qk_offset, mask=k_ok, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + qk_offset, mask=k_ok, other=0.0).to(tl.float32)
-    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + EPS) * (DK ** -0.5)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + EPS) * q_scale
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + EPS)
     vh = seq * HV + head  # flat (sequence, value head)
     v = tl.load(v_ptr + vh * DV + cols, mask=v_ok, other=0.0).to(tl.float32)  # [BV]
@@ -80,7 +80,7 @@ def gdn_recurrent_decode(
     result = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     block_v = min(32, triton.next_power_of_2(v_dim))
     _gdn_decode_kernel[(batch, num_v_heads, triton.cdiv(v_dim, block_v))](
-        query.contiguous(), key.contiguous(), value.contiguous(), g.contiguous(), beta.contiguous(), source, result, target,
+        query.contiguous(), key.contiguous(), value.contiguous(), g.contiguous(), beta.contiguous(), source, result, target, float(k_dim**-0.5),
         HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_K=triton.next_power_of_2(k_dim), BLOCK_V=block_v, EPS=L2_EPS,
     )
     if target is not state_out:

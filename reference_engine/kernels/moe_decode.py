@@ -39,10 +39,9 @@ def _dense_rows_dot(w_ptr, row_base, row_ok, x_ptr, K, k0, BLOCK_K: tl.constexpr
 
 
 @triton.jit
-def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, BLOCK_KB: tl.constexpr):
+def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, BN: tl.constexpr, BLOCK_KB: tl.constexpr):
     """Same over packed rows `row` [BN] (int64 row index of a [rows, K/2] code matrix); result times
     2^-14 / weight_scale_2 (the caller multiplies by the tensor scale and 2^14)."""
-    BN: tl.constexpr = row.shape[0]
     byte_cols = byte0 + tl.arange(0, BLOCK_KB)
     ok = byte_cols < K_BYTES
     packed = tl.load(packed_ptr + row[:, None] * K_BYTES + byte_cols[None, :], mask=row_ok[:, None] & ok[None, :], other=0)
@@ -72,8 +71,8 @@ def _gate_up_kernel(
     up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if WEIGHT_NVFP4:
         for byte0 in range(0, H // 2, BLOCK_K):
-            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_K)
-            up += _nvfp4_rows_dot(w_ptr, scale_ptr, up_row, row_ok, x_row, H // 2, byte0, BLOCK_K)
+            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+            up += _nvfp4_rows_dot(w_ptr, scale_ptr, up_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
         gate *= tl.load(scale_2_ptr + expert * 2) * 16384.0
         up *= tl.load(scale_2_ptr + expert * 2 + 1) * 16384.0
     else:
@@ -102,7 +101,7 @@ def _down_kernel(
         partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
         if WEIGHT_NVFP4:
             for byte0 in range(0, I // 2, BLOCK_I):
-                partial += _nvfp4_rows_dot(w_ptr, scale_ptr, down_row, row_ok, act_row, I // 2, byte0, BLOCK_I)
+                partial += _nvfp4_rows_dot(w_ptr, scale_ptr, down_row, row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I)
             partial *= tl.load(scale_2_ptr + expert) * 16384.0
         else:
             for i0 in range(0, I, BLOCK_I):

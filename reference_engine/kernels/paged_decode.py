@@ -41,7 +41,7 @@ def _paged_split_kernel(
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    G: tl.constexpr = HQ // HKV
+    G = HQ // HKV
     heads = tl.arange(0, BLOCK_G)
     dims = tl.arange(0, BLOCK_D)
     head_ok = heads < G
@@ -85,7 +85,7 @@ def _combine_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, SPLITS, HQ: t
                     BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    G: tl.constexpr = HQ // HKV
+    G = HQ // HKV
     kv_head = head // G
     row = head % G
     splits = tl.arange(0, BLOCK_S)

@@ -25,24 +25,48 @@ def interpreter_env() -> dict[str, str]:
 
 
 _RUNNER = """
-import json, sys
+import contextlib, io, json, sys
 from toolbox.harness.runner import run_contracts
-contract, plan = sys.argv[1], json.loads(sys.argv[2])
-result = {impl: [r.to_dict() for r in run_contracts([contract], impl=impl, devices=["cpu"], cases=cases, isolation=False)]
-          for impl, cases in plan.items()}
+request = json.loads(sys.argv[1])
+result = {"records": {}, "script": None}
+for contract, plan in request["contracts"].items():
+    for impl, cases in plan.items():
+        records = run_contracts([contract], impl=impl, devices=["cpu"], cases=cases, isolation=False)
+        result["records"][contract + "|" + impl] = [r.to_dict() for r in records]
+if request["script"]:
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            exec(compile(request["script"], "<kernel test script>", "exec"), {"__name__": "kernel_test_script"})
+        result["script"] = {"ok": True, "output": captured.getvalue()}
+    except Exception as error:  # reported to the test, which fails with the message
+        result["script"] = {"ok": False, "output": captured.getvalue() + f"\\n{type(error).__name__}: {error}"}
 print("RECORDS" + json.dumps(result, default=str))
 """
 
 
-def contract_records(contract: str, plan: dict[str, list[str]], timeout: float = 240) -> dict[str, list[dict]]:
-    """Run, in one interpreter subprocess, the named CPU cases of `contract` for each implementation
-    ("module:function" -> case names); the harness records per implementation."""
-    command = [sys.executable, "-c", _RUNNER, contract, json.dumps(plan)]
-    result = subprocess.run(command, cwd=REPO, env=interpreter_env(), capture_output=True, text=True, timeout=timeout)
+def interpreter_run(contracts: dict[str, dict[str, list[str]]], script: str | None = None, timeout: float = 300) -> dict:
+    """One interpreter subprocess: for each contract, the named CPU cases per implementation
+    ("module:function" -> case names), then `script` (Python source) if given.
+    Returns {"records": {"<contract>|<impl>": [record dicts]}, "script": {"ok", "output"} or None}."""
+    request = json.dumps({"contracts": contracts, "script": script})
+    result = subprocess.run([sys.executable, "-c", _RUNNER, request], cwd=REPO, env=interpreter_env(), capture_output=True, text=True, timeout=timeout)
     marker = result.stdout.rfind("RECORDS")
     if result.returncode != 0 or marker < 0:
-        raise AssertionError(f"harness run failed (exit {result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+        raise AssertionError(f"interpreter run failed (exit {result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
     return json.loads(result.stdout[marker + len("RECORDS"):])
+
+
+def contract_records(contract: str, plan: dict[str, list[str]], timeout: float = 300) -> dict[str, list[dict]]:
+    """The records of one contract's run, per implementation."""
+    records = interpreter_run({contract: plan}, timeout=timeout)["records"]
+    return {key.split("|", 1)[1]: value for key, value in records.items()}
+
+
+def assert_script_ok(run: dict) -> None:
+    script = run["script"]
+    assert script is not None and script["ok"], script
+    assert script["output"].strip().endswith("ok"), script["output"]
 
 
 def run_script(source: str, timeout: float = 240) -> str:

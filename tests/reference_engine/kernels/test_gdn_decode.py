@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_interpreter import assert_all_passed, contract_records, run_script
+from kernel_interpreter import assert_all_passed, assert_script_ok, interpreter_run
 
 CONTRACT = "linear-attention/gdn-recurrent-decode"
 IMPL = "reference_engine.kernels.gdn_decode:gdn_recurrent_decode"
@@ -37,8 +37,13 @@ print("ok")
 
 
 @pytest.fixture(scope="module")
-def records():
-    return contract_records(CONTRACT, {IMPL: CPU_CASES} | {f"wrong_kernels:{name}": WRONG_CASES for name in WRONG})
+def run():
+    return interpreter_run({CONTRACT: {IMPL: CPU_CASES} | {f"wrong_kernels:{name}": WRONG_CASES for name in WRONG}}, IN_PLACE_SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def records(run):
+    return {key.split("|", 1)[1]: value for key, value in run["records"].items()}
 
 
 def test_contract_cpu_cases_pass_under_the_interpreter(records):
@@ -52,8 +57,8 @@ def test_contract_catches_known_wrong_kernel(records, wrong):
     assert all(r["status"] == "INCORRECT_NUMERICAL" for r in found), [(r["case"], r["status"], r["message"]) for r in found]
 
 
-def test_state_updated_in_place_with_several_column_blocks():
-    assert run_script(IN_PLACE_SCRIPT).strip().endswith("ok")
+def test_state_updated_in_place_with_several_column_blocks(run):
+    assert_script_ok(run)
 
 
 @pytest.mark.cuda

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_interpreter import assert_all_passed, contract_records
+from kernel_interpreter import assert_all_passed, interpreter_run
 
 KERNELS = {
     "norms-and-activations/rmsnorm": (
@@ -22,16 +22,20 @@ KERNELS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(KERNELS))
-def contract_run(request):
-    function, cases, wrong = KERNELS[request.param]
-    impl = f"reference_engine.kernels.norms:{function}"
-    records = contract_records(request.param, {impl: cases, f"wrong_kernels:{wrong}": ["small-f32", "small-bf16"]})
-    return records[impl], cases, records[f"wrong_kernels:{wrong}"]
+@pytest.fixture(scope="module")
+def all_records():
+    plan = {
+        contract: {f"reference_engine.kernels.norms:{function}": cases, f"wrong_kernels:{wrong}": ["small-f32", "small-bf16"]}
+        for contract, (function, cases, wrong) in KERNELS.items()
+    }
+    return interpreter_run(plan)["records"]
 
 
-def test_contract_cpu_cases_pass_under_the_interpreter_and_a_wrong_variant_is_caught(contract_run):
-    records, cases, wrong_records = contract_run
+@pytest.mark.parametrize("contract", sorted(KERNELS))
+def test_contract_cpu_cases_pass_under_the_interpreter_and_a_wrong_variant_is_caught(all_records, contract):
+    function, cases, wrong = KERNELS[contract]
+    records = all_records[f"{contract}|reference_engine.kernels.norms:{function}"]
+    wrong_records = all_records[f"{contract}|wrong_kernels:{wrong}"]
     assert_all_passed(records, cases)
     assert len(wrong_records) == 2
     assert all(r["status"] == "INCORRECT_NUMERICAL" for r in wrong_records), [(r["case"], r["status"], r["message"]) for r in wrong_records]

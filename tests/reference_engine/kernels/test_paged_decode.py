@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_interpreter import assert_all_passed, contract_records, run_script
+from kernel_interpreter import assert_all_passed, assert_script_ok, interpreter_run
 
 CONTRACT = "attention/paged-decode"
 IMPL = "reference_engine.kernels.paged_decode:paged_decode"
@@ -44,8 +44,13 @@ print("ok")
 
 
 @pytest.fixture(scope="module")
-def records():
-    return contract_records(CONTRACT, {IMPL: CPU_CASES} | {f"wrong_kernels:{name}": WRONG_CASES for name in WRONG})
+def run():
+    return interpreter_run({CONTRACT: {IMPL: CPU_CASES} | {f"wrong_kernels:{name}": WRONG_CASES for name in WRONG}}, SPLITS_SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def records(run):
+    return {key.split("|", 1)[1]: value for key, value in run["records"].items()}
 
 
 def test_contract_cpu_cases_pass_under_the_interpreter(records):
@@ -59,8 +64,8 @@ def test_contract_catches_known_wrong_kernel(records, wrong):
     assert all(r["status"] == "INCORRECT_NUMERICAL" for r in found), [(r["case"], r["status"], r["message"]) for r in found]
 
 
-def test_many_splits_and_scratch_table_entries_give_no_nan():
-    assert run_script(SPLITS_SCRIPT).strip().endswith("ok")
+def test_many_splits_and_scratch_table_entries_give_no_nan(run):
+    assert_script_ok(run)
 
 
 @pytest.mark.cuda
