@@ -48,7 +48,8 @@ bench() {  # bench <timeout_s> <log name> <args...>
 
 # 2. Full setting: full-size architecture, NVFP4 linears, bf16 LM head, 256 output tokens at batch 1, 8, 32, 64,
 #    with the peer and the profile. Results are written after each figure, so a timeout keeps what was measured.
-bench "$(( $(left) - 15 ))" bench_full
+full_limit=$(( $(left) - 15 )); [ "$full_limit" -lt 120 ] && full_limit=120
+bench "$full_limit" bench_full
 
 # 3. The NVFP4 LM head variant, quick, if time remains.
 if [ "$(left)" -gt 150 ]; then
