@@ -60,3 +60,11 @@ def test_cuda_gets_the_triton_kernels():
     ops = backend.select_ops("cuda")
     assert {ops.backends[name] for name in backend.TRITON_KERNELS} == {"triton"}
     assert ops.causal_conv1d_update.__module__ == "reference_engine.ops.linear_attention"
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles_for_sm_90_without_a_gpu():
+    """Ahead-of-time compile (Triton's bundled ptxas) at the configurations the wrappers pick: about 20 s."""
+    result = subprocess.run([sys.executable, "benchmarks/kernels/compile_sm90.py"], cwd=REPO, capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": "/tmp"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("ok ") >= 16, result.stdout
