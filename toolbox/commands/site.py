@@ -24,7 +24,7 @@ Examples:
   toolbox site build                       # strict build into site/build/
   toolbox site build --output /tmp/site    # somewhere else
   toolbox site build --no-strict           # keep going past warnings (drafting)
-  toolbox site serve --port 8001           # live preview on http://127.0.0.1:8001
+  toolbox site serve --port 8001           # live preview on http://127.0.0.1:8001/toolbox/
 """,
 )
 def command() -> None:
@@ -77,10 +77,11 @@ Examples:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 def serve_command(port: int, host: str) -> None:
     """Serve the site with live reload (rebuilds when knowledge/, contracts/ or site/ change)."""
-    from toolbox.site_build.build import SiteError, serve
+    from toolbox.site_build.build import SiteError, serve, serve_url
 
+    root = _root()
+    click.echo(f"building, then serving on {serve_url(root, host, port)} (Ctrl-C stops)", err=True)
     try:
-        code = serve(_root(), host, port)
+        serve(root, host, port)
     except SiteError as error:
         raise click.ClickException(str(error)) from None
-    raise SystemExit(code)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 CONFIG = Path("site") / "mkdocs.yml"
 DEFAULT_OUTPUT = Path("site") / "build"
@@ -60,14 +61,24 @@ def build(root: Path, output: Path | None = None, strict: bool = True) -> BuildR
     return BuildResult(completed.returncode, output, completed.stdout + completed.stderr)
 
 
-def serve(root: Path, host: str, port: int) -> int:
-    """Serve with live reload until interrupted; returns mkdocs' exit code."""
+def serve_url(root: Path, host: str, port: int) -> str:
+    """Where `mkdocs serve` puts the site: under the path of `site_url` (e.g. /toolbox/)."""
+    import yaml
+
+    try:
+        site_url = str(yaml.safe_load((root / CONFIG).read_text(encoding="utf-8")).get("site_url") or "/")
+    except (OSError, yaml.YAMLError, AttributeError):
+        site_url = "/"
+    path = urlparse(site_url).path or "/"
+    return f"http://{host}:{port}{path if path.endswith('/') else path + '/'}"
+
+
+def serve(root: Path, host: str, port: int) -> None:
+    """Replace this process by `mkdocs serve` (live reload) so that Ctrl-C and signals reach it directly."""
     config = _check(root)
     command = [sys.executable, "-m", "mkdocs", "serve", "--config-file", str(config), "--dev-addr", f"{host}:{port}"]
     for folder in WATCHED:  # the sources of the generated pages, beside site/docs which mkdocs watches itself
         if (root / folder).is_dir():
             command += ["--watch", str(root / folder)]
-    try:
-        return subprocess.call(command, cwd=root, env=_environment())
-    except KeyboardInterrupt:
-        return 0
+    os.chdir(root)
+    os.execve(sys.executable, command, _environment())
