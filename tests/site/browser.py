@@ -15,6 +15,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 import websocket
 
@@ -32,7 +33,7 @@ def find_chromium() -> str | None:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - the signature is the base class's
+    def log_message(self, format, *args):
         pass
 
 
@@ -48,7 +49,7 @@ class LoopbackServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/"
 
-    def __enter__(self) -> LoopbackServer:
+    def __enter__(self) -> Self:
         self.thread.start()
         return self
 
@@ -78,7 +79,7 @@ class Chromium:
         self.next_id = 0
         self.events: list[dict] = []
 
-    def __enter__(self) -> Chromium:
+    def __enter__(self) -> Self:
         self.process = subprocess.Popen(
             [self.executable, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile.name}", "--remote-debugging-port=0", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

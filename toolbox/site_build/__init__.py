@@ -14,7 +14,13 @@ from toolbox.site_build.benchmarks_page import benchmarks_page
 from toolbox.site_build.catalog import Catalog
 from toolbox.site_build.contract_pages import contract_page
 from toolbox.site_build.dashboard import dashboard_page
-from toolbox.site_build.indexes import contracts_index, domain_page, domains_index, skills_index, summary
+from toolbox.site_build.indexes import (
+    contracts_index,
+    domain_page,
+    domains_index,
+    skills_index,
+    summary,
+)
 from toolbox.site_build.results import latest_rows, load_result_files
 from toolbox.site_build.skill_pages import skill_pages
 
@@ -65,4 +71,4 @@ def generate_site(root: Path, repository: layout.Repository | None = None) -> Ge
     return GeneratedSite(pages, edit_paths, llms)
 
 
-__all__ = ["GeneratedSite", "generate_site", "NAV_FILE"]
+__all__ = ["NAV_FILE", "GeneratedSite", "generate_site"]

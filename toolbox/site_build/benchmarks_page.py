@@ -19,11 +19,11 @@ def _number(value) -> float | None:
 
 def benchmarks_page(files: ResultFiles) -> str:
     parts = ["---\nhide: [navigation]\n---\n", "# Engine benchmarks\n",
-             "What `toolbox engine bench` recorded: the reference engine's time to first token (TTFT), time per output token "
+             ("What `toolbox engine bench` recorded: the reference engine's time to first token (TTFT), time per output token "
              "(TPOT) and decode throughput by batch size, next to the **floor** (the bytes a step must move over the copy "
              "bandwidth measured in the same run, or its FLOPs over the measured matrix rate, whichever is larger) and a "
              "**peer** (Hugging Face transformers on the same weights) measured in the same run. Every run first passes an "
-             "accuracy gate (fast path against the plain path) or records nothing but the failure.\n"]
+             "accuracy gate (fast path against the plain path) or records nothing but the failure.\n")]
     if not files.engine_benchmarks:
         parts.append('!!! info "No engine benchmark recorded yet"\n\n'
                      "    No benchmark results were found in `benchmarks/results/*.json` when this site was built. "

@@ -11,7 +11,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolbox.knowledge_base import ContractDocument, SkillDocument, iter_contracts, iter_skills, walk_files
+from toolbox.knowledge_base import (
+    ContractDocument,
+    SkillDocument,
+    iter_contracts,
+    iter_skills,
+    walk_files,
+)
 from toolbox.site_build import layout
 from toolbox.site_build.markdown import repo_relative
 

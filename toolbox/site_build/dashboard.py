@@ -22,11 +22,11 @@ def _verdict(row: ResultRow) -> str:
 
 def dashboard_page(catalog: Catalog, files: ResultFiles, rows: list[ResultRow]) -> str:
     parts = ["---\nhide: [navigation]\n---\n", "# Contract status\n",
-             "The latest recorded results of every contract, per implementation and device: one row per "
+             ("The latest recorded results of every contract, per implementation and device: one row per "
              "(contract, implementation, device), taken from the newest results file that holds it. Files are the "
              "`{environment, records}` documents written by `toolbox test|check|bench --output` and committed under "
              "`results/` (and `benchmarks/`). Errors are the largest over the recorded cases and outputs; the roofline "
-             "column is the best fraction of the roofline reached by a timed benchmark (CUDA runs only).\n"]
+             "column is the best fraction of the roofline reached by a timed benchmark (CUDA runs only).\n")]
     by_contract: dict[str, list[ResultRow]] = {}
     for row in rows:
         by_contract.setdefault(row.contract_id, []).append(row)

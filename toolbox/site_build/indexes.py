@@ -38,8 +38,8 @@ CONTRACT_HEADERS = ["contract", "title", "version", "status", "skills"]
 
 
 def skills_index(catalog: Catalog) -> str:
-    parts = ["# Skills\n", f"{len(catalog.skills)} skills in the [Agent Skills](https://agentskills.io) format. An agent loads one by its path, "
-             "`knowledge/<domain>/<name>/SKILL.md` (`toolbox skills path NAME` prints it; `toolbox skills install --target DIR` copies them).\n"]
+    parts = ["# Skills\n", (f"{len(catalog.skills)} skills in the [Agent Skills](https://agentskills.io) format. An agent loads one by its path, "
+             "`knowledge/<domain>/<name>/SKILL.md` (`toolbox skills path NAME` prints it; `toolbox skills install --target DIR` copies them).\n")]
     for domain in catalog.domains():
         mine = [s for s in catalog.skills if s.domain == domain]
         if mine:
@@ -48,8 +48,8 @@ def skills_index(catalog: Catalog) -> str:
 
 
 def contracts_index(catalog: Catalog) -> str:
-    parts = ["# Contracts\n", f"{len(catalog.contracts)} executable contracts. Each is a YAML document and a Python half "
-             "(reference, input maker); `toolbox test ID --impl module:function` runs any implementation against one.\n"]
+    parts = ["# Contracts\n", (f"{len(catalog.contracts)} executable contracts. Each is a YAML document and a Python half "
+             "(reference, input maker); `toolbox test ID --impl module:function` runs any implementation against one.\n")]
     for domain in catalog.domains():
         mine = [c for c in catalog.contracts if c.domain == domain]
         if mine:

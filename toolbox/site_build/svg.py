@@ -31,7 +31,7 @@ def _nice_ticks(low: float, high: float, log: bool) -> list[float]:
     step = 10 ** math.floor(math.log10(raw))
     step *= next(m for m in (1, 2, 5, 10) if step * m >= raw)
     start = math.floor(low / step) * step
-    return [start + i * step for i in range(int(math.ceil((high - start) / step)) + 1)]
+    return [start + i * step for i in range(math.ceil((high - start) / step) + 1)]
 
 
 def _label(value: float) -> str:
