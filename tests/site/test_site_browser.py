@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,28 @@ def test_dark_palette_toggle(built_site, chromium):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "contract-rmsnorm-dark.png").write_bytes(base64.b64decode(data))
     assert {before, after} == {"default", "slate"}
+
+
+def test_search_finds_skill_and_contract_pages(built_site, chromium):
+    """Material's client-side search (a web worker over search_index.json) answers in the browser."""
+    typed = """(() => {
+        const box = document.querySelector('input[data-md-component=search-query]');
+        box.focus(); box.value = QUERY;
+        box.dispatchEvent(new Event('input', {bubbles: true}));
+        box.dispatchEvent(new KeyboardEvent('keyup', {key: 'e', bubbles: true}));
+    })()"""
+    found = {}
+    with LoopbackServer(built_site.output_dir) as server:
+        for query, expected in (("deltanet", "/skills/linear-attention/gated-deltanet/"), ("zero-centred", "/contracts/norms-and-activations/rmsnorm/")):
+            visit = chromium.visit(server.url)
+            assert visit.errors == []
+            chromium.evaluate(typed.replace("QUERY", repr(query)))
+            hrefs: list[str] = []
+            for _ in range(40):  # the worker indexes first; up to 20 s on a busy CI machine
+                time.sleep(0.5)
+                hrefs = chromium.evaluate("Array.from(document.querySelectorAll('.md-search-result__item a')).map(a => a.href)")
+                if hrefs:
+                    break
+            found[query] = (expected, hrefs)
+    for query, (expected, hrefs) in found.items():
+        assert any(expected in href for href in hrefs), f"search for {query!r} did not list {expected}: {hrefs[:10]}"
