@@ -48,8 +48,9 @@ def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, B
     block_cols = byte0 // 8 + tl.arange(0, BLOCK_KB // 8)
     scale = tl.load(scale_ptr + row[:, None] * (K_BYTES // 8) + block_cols[None, :], mask=row_ok[:, None] & (block_cols < K_BYTES // 8)[None, :], other=0.0)
     scale = tl.reshape(tl.broadcast_to(scale.to(tl.float32)[:, :, None], (BN, BLOCK_KB // 8, 8)), (BN, BLOCK_KB))
-    x_even = tl.load(x_ptr + 2 * byte_cols, mask=ok, other=0.0).to(tl.float32)
-    x_odd = tl.load(x_ptr + 2 * byte_cols + 1, mask=ok, other=0.0).to(tl.float32)
+    elements = 2 * byte0 + tl.arange(0, 2 * BLOCK_KB)
+    x_pairs = tl.load(x_ptr + elements, mask=elements < 2 * K_BYTES, other=0.0).to(tl.float32)  # contiguous [2 KB]
+    x_even, x_odd = tl.split(tl.reshape(x_pairs, (BLOCK_KB, 2)))
     products = _decode_e2m1(packed & 0xF) * x_even[None, :] + _decode_e2m1(packed >> 4) * x_odd[None, :]
     return tl.sum(products * scale, axis=1)
 
@@ -119,7 +120,7 @@ def _launch(x, topk_weights, topk_ids, gate_up, gate_up_scale, gate_up_scale_2, 
     act_dtype = torch.float32 if interpreting() else x.dtype
     act = torch.empty(num_tokens * top_k, intermediate, dtype=act_dtype, device=x.device)  # [T*k, I]
     block_n = min(16, triton.next_power_of_2(intermediate))
-    block_k = min(64 if nvfp4 else 128, triton.next_power_of_2(hidden // 2 if nvfp4 else hidden))
+    block_k = min(128, triton.next_power_of_2(hidden // 2 if nvfp4 else hidden))
     x = x.contiguous()
     ids = topk_ids.contiguous()
     _gate_up_kernel[(num_tokens * top_k, triton.cdiv(intermediate, block_n))](
@@ -129,7 +130,7 @@ def _launch(x, topk_weights, topk_ids, gate_up, gate_up_scale, gate_up_scale_2, 
     if act.dtype != x.dtype:
         act = act.to(x.dtype).to(act_dtype)  # round-to-nearest-even into x's dtype, as on the GPU
     block_h = min(16, triton.next_power_of_2(hidden))
-    block_i = min(64 if nvfp4 else 128, triton.next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
+    block_i = min(128, triton.next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
     buffer = staging_buffer(out)
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     _down_kernel[(num_tokens, triton.cdiv(hidden, block_h))](

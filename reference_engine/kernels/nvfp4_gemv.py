@@ -3,8 +3,8 @@
 `out [M, N] = x [M, K] @ W^T`, W = e2m1 * weight_scale * weight_scale_2 (ModelOpt multiplier
 convention, element 2j in the low nibble). Per program: BLOCK_N output rows, BLOCK_M tokens and
 a slice of K (split-K when the row blocks alone would not fill the GPU's multiprocessors). Each
-step loads a [BLOCK_N, BLOCK_KB] tile of packed bytes (64 contiguous bytes per row: 16-byte
-vector loads), splits the two nibbles in registers and decodes E2M1 by bit placement, not by a
+step loads a [BLOCK_N, BLOCK_KB] tile of packed bytes (64 or 128 contiguous bytes per row, vector
+loads; x is loaded contiguously and split into even and odd elements in registers), splits the two nibbles in registers and decodes E2M1 by bit placement, not by a
 table: the 3 magnitude bits go to bits 11..9 of a float16 (exponent low bits and the top mantissa
 bit), the sign to bit 15, which is the E2M1 value times 2^-14 (subnormal codes included); the
 2^14 is folded into the tensor scale. The E4M3 block scale is loaded as float8 and converted to
@@ -71,10 +71,11 @@ def _w4a16_gemv_kernel(
         scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_KB // 8, 8)), (BLOCK_N, BLOCK_KB))
         w_even = _decode_e2m1(packed & 0xF) * scale  # elements 2j   [BN, KB]
         w_odd = _decode_e2m1(packed >> 4) * scale  # elements 2j+1 [BN, KB]
-        x_rows = x_ptr + tokens[:, None] * stride_xm + 2 * (byte0 + byte_cols)[None, :]
-        x_mask = token_ok[:, None] & bytes_ok[None, :]
-        x_even = tl.load(x_rows, mask=x_mask, other=0.0).to(tl.float32)  # [BM, KB]
-        x_odd = tl.load(x_rows + 1, mask=x_mask, other=0.0).to(tl.float32)
+        elements = 2 * byte0 + tl.arange(0, 2 * BLOCK_KB)  # contiguous x, split into even / odd in registers
+        x_pairs = tl.load(
+            x_ptr + tokens[:, None] * stride_xm + elements[None, :], mask=token_ok[:, None] & (elements < 2 * K_BYTES)[None, :], other=0.0,
+        ).to(tl.float32)  # [BM, 2 KB]
+        x_even, x_odd = tl.split(tl.reshape(x_pairs, (BLOCK_M, BLOCK_KB, 2)))  # [BM, KB] each
         acc += tl.sum(x_even[:, None, :] * w_even[None, :, :] + x_odd[:, None, :] * w_odd[None, :, :], axis=2)
     out_mask = token_ok[:, None] & row_ok[None, :]
     if SPLIT_K == 1:
@@ -103,8 +104,8 @@ def _sm_count(device: torch.device) -> int:
 def plan(tokens: int, rows: int, k_bytes: int, sm_count: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K) for a [tokens, 2 * k_bytes] x [rows, 2 * k_bytes]^T product."""
     block_m = 1 if tokens == 1 else 2 if tokens == 2 else 4
-    block_n = 16 if rows >= 16 * sm_count else 8
-    block_kb = min(64, triton.next_power_of_2(k_bytes))
+    block_n = 16
+    block_kb = min(128 if tokens <= 2 else 64, triton.next_power_of_2(k_bytes))  # 16 bytes per thread at BLOCK_N 16
     programs = triton.cdiv(rows, block_n) * triton.cdiv(tokens, block_m)
     steps = triton.cdiv(k_bytes, block_kb)
     split_k = 1

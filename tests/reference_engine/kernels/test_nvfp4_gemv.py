@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_interpreter import assert_all_passed, contract_records
+from kernel_interpreter import assert_all_passed, assert_script_ok, interpreter_run
 
 CONTRACT = "quantization/w4a16-linear"
 IMPL = "reference_engine.kernels.nvfp4_gemv:w4a16_linear"
@@ -16,9 +16,41 @@ WRONG_CASES = ["small-f32"]
 CAUGHT = {"INCORRECT_NUMERICAL", "UNWRITTEN_OUTPUT"}
 
 
+# The batch-1 configuration (128 bytes per row per step, split-K over 4 steps, N not a multiple of 16)
+# against the torch op, float32 and bfloat16.
+BATCH_ONE_SCRIPT = """
+import torch
+from reference_engine.kernels import nvfp4_gemv
+from reference_engine.quant.linear import w4a16_linear
+from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+assert nvfp4_gemv.plan(1, 40, 512, 132)[2] == 128 and nvfp4_gemv.plan(1, 40, 512, 132)[3] > 1
+g = torch.Generator().manual_seed(11)
+packed, scale, scale_2 = quantize_nvfp4(torch.randn(40, 1024, generator=g))
+for dtype, bound in ((torch.float32, 1e-5), (torch.bfloat16, 5e-3)):
+    x = torch.randn(1, 1024, generator=g).to(dtype)
+    expected = torch.empty(1, 40, dtype=dtype)
+    w4a16_linear(x.float(), packed, scale, scale_2, expected) if dtype == torch.float32 else w4a16_linear(x, packed, scale, scale_2, expected)
+    out = torch.full((1, 40), float("nan"), dtype=dtype)
+    nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, out)
+    error = float((out.double() - expected.double()).norm() / expected.double().norm())
+    assert error < bound, (dtype, error)
+print("ok")
+"""
+
+
 @pytest.fixture(scope="module")
-def records():
-    return contract_records(CONTRACT, {IMPL: CPU_CASES} | {f"wrong_kernels:{name}": WRONG_CASES for name in WRONG})
+def run():
+    return interpreter_run({CONTRACT: {IMPL: CPU_CASES} | {f"wrong_kernels:{name}": WRONG_CASES for name in WRONG}}, BATCH_ONE_SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def records(run):
+    return {key.split("|", 1)[1]: value for key, value in run["records"].items()}
+
+
+def test_batch_one_configuration_matches_the_torch_op(run):
+    assert_script_ok(run)
 
 
 def test_contract_cpu_cases_pass_under_the_interpreter(records):
