@@ -14,7 +14,14 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from reference_engine.kernels import gdn_decode, moe_decode, norms, nvfp4_gemv, paged_decode, router
+from reference_engine.kernels import (
+    gdn_decode,
+    moe_decode,
+    norms,
+    nvfp4_gemv,
+    paged_decode,
+    router,
+)
 
 TARGET = GPUTarget("cuda", 90, 32)
 I32 = "i32"
@@ -26,18 +33,18 @@ def configs():
         block_m, block_n, block_kb, split_k = nvfp4_gemv.plan(tokens, rows, k_bytes, 132)
         steps = triton.cdiv(triton.cdiv(k_bytes, block_kb), split_k)
         out = "*bf16" if split_k == 1 else "*fp32"
-        yield f"w4a16 M={tokens} N={rows} split={split_k}", nvfp4_gemv._w4a16_gemv_kernel, gemv_sig | {"out_ptr": out}, dict(STEPS_PER_SPLIT=steps, SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_KB=block_kb)
-    yield "split-k reduce", nvfp4_gemv._split_k_reduce_kernel, {"workspace_ptr": "*fp32", "out_ptr": "*bf16", "M": I32, "N": I32, "stride_om": I32}, dict(SPLIT_K=4, BLOCK=256)
+        yield f"w4a16 M={tokens} N={rows} split={split_k}", nvfp4_gemv._w4a16_gemv_kernel, gemv_sig | {"out_ptr": out}, {"STEPS_PER_SPLIT": steps, "SPLIT_K": split_k, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_KB": block_kb}
+    yield "split-k reduce", nvfp4_gemv._split_k_reduce_kernel, {"workspace_ptr": "*fp32", "out_ptr": "*bf16", "M": I32, "N": I32, "stride_om": I32}, {"SPLIT_K": 4, "BLOCK": 256}
     for nvfp4, weight, scale, scale_2 in ((True, "*u8", "*fp8e4nv", "*fp32"), (False, "*bf16", "*bf16", "*bf16")):
-        yield f"moe gate_up nvfp4={nvfp4}", moe_decode._gate_up_kernel, {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": weight, "scale_ptr": scale, "scale_2_ptr": scale_2, "act_ptr": "*bf16"}, dict(H=2048, I=512, TOP_K=8, WEIGHT_NVFP4=nvfp4, BLOCK_N=16, BLOCK_K=128)
-        yield f"moe down nvfp4={nvfp4}", moe_decode._down_kernel, {"act_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "w_ptr": weight, "scale_ptr": scale, "scale_2_ptr": scale_2, "out_ptr": "*bf16"}, dict(H=2048, I=512, TOP_K=8, WEIGHT_NVFP4=nvfp4, BLOCK_H=16, BLOCK_I=128)
-    yield "router", router._router_topk_kernel, {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32, "stride_t": I32}, dict(TOP_K=8, BLOCK_E=256, BLOCK_K=8)
-    yield "gdn decode", gdn_decode._gdn_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": "*bf16", "state_out_ptr": "*fp32", "q_scale": "fp32"}, dict(HK=16, HV=32, DK=128, DV=128, BLOCK_K=128, BLOCK_V=32, EPS=1e-6)
+        yield f"moe gate_up nvfp4={nvfp4}", moe_decode._gate_up_kernel, {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": weight, "scale_ptr": scale, "scale_2_ptr": scale_2, "act_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": nvfp4, "BLOCK_N": 16, "BLOCK_K": 128}
+        yield f"moe down nvfp4={nvfp4}", moe_decode._down_kernel, {"act_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "w_ptr": weight, "scale_ptr": scale, "scale_2_ptr": scale_2, "out_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": nvfp4, "BLOCK_H": 16, "BLOCK_I": 128}
+    yield "router", router._router_topk_kernel, {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32, "stride_t": I32}, {"TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8}
+    yield "gdn decode", gdn_decode._gdn_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": "*bf16", "state_out_ptr": "*fp32", "q_scale": "fp32"}, {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 32, "EPS": 1e-6}
     for dtype, ieee in (("*bf16", False), ("*fp32", True)):
-        yield f"paged split {dtype}", paged_decode._paged_split_kernel, {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "tables_ptr": "*i32", "lens_ptr": "*i32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "scale": "fp32", "MAX_BLOCKS": I32, "SPLITS": I32}, dict(HQ=16, HKV=2, D=256, BS=16, TOKENS_PER_SPLIT=64, BLOCK_T=16, BLOCK_G=16, BLOCK_D=256, IEEE=ieee)
-    yield "paged combine", paged_decode._combine_kernel, {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "out_ptr": "*bf16", "SPLITS": I32}, dict(HQ=16, HKV=2, D=256, BLOCK_S=64, BLOCK_G=16, BLOCK_D=256)
+        yield f"paged split {dtype}", paged_decode._paged_split_kernel, {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "tables_ptr": "*i32", "lens_ptr": "*i32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "scale": "fp32", "MAX_BLOCKS": I32, "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BS": 16, "TOKENS_PER_SPLIT": 64, "BLOCK_T": 16, "BLOCK_G": 16, "BLOCK_D": 256, "IEEE": ieee}
+    yield "paged combine", paged_decode._combine_kernel, {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "out_ptr": "*bf16", "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BLOCK_S": 64, "BLOCK_G": 16, "BLOCK_D": 256}
     for mode in (norms.PLAIN, norms.FUSED_ADD, norms.GATED):
-        yield f"norm mode {mode}", norms._rms_norm_kernel, {"x_ptr": "*bf16", "residual_ptr": "*bf16", "z_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "residual_out_ptr": "*bf16", "D": I32, "eps": "fp32"}, dict(MODE=mode, BF16=True, BLOCK_D=2048)
+        yield f"norm mode {mode}", norms._rms_norm_kernel, {"x_ptr": "*bf16", "residual_ptr": "*bf16", "z_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "residual_out_ptr": "*bf16", "D": I32, "eps": "fp32"}, {"MODE": mode, "BF16": True, "BLOCK_D": 2048}
 
 
 def main() -> int:

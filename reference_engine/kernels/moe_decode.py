@@ -21,9 +21,19 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import finish, interpreting, require_launchable, staging_buffer
+from reference_engine.kernels.launch import (
+    finish,
+    interpreting,
+    require_launchable,
+    staging_buffer,
+)
 from reference_engine.kernels.nvfp4_gemv import _decode_e2m1
-from reference_engine.ops.moe import _check_expert_range, _check_out, _check_routing, _require
+from reference_engine.ops.moe import (
+    _check_expert_range,
+    _check_out,
+    _check_routing,
+    _require,
+)
 from reference_engine.ops.registry import satisfies
 from reference_engine.ops.static_moe import StackedNvfp4Experts, capturing
 

@@ -56,7 +56,7 @@ def _w4a16_gemv_kernel(
     scale_2 = tl.load(scale_2_ptr) * 16384.0
     k_blocks = K_BYTES // 8
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(0, STEPS_PER_SPLIT):
+    for step in range(STEPS_PER_SPLIT):
         byte0 = (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB
         bytes_ok = (byte0 + byte_cols) < K_BYTES
         packed = tl.load(

@@ -19,7 +19,10 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from reference_engine.ops.linear_attention import causal_conv1d_update, gdn_recurrent_decode
+from reference_engine.ops.linear_attention import (
+    causal_conv1d_update,
+    gdn_recurrent_decode,
+)
 from reference_engine.ops.moe import router_topk, shared_expert
 from reference_engine.ops.norms import fused_add_rms_norm, gated_rms_norm, rms_norm
 from reference_engine.ops.static_attention import paged_decode

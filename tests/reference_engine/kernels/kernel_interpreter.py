@@ -50,7 +50,7 @@ def interpreter_run(contracts: dict[str, dict[str, list[str]]], script: str | No
     ("module:function" -> case names), then `script` (Python source) if given.
     Returns {"records": {"<contract>|<impl>": [record dicts]}, "script": {"ok", "output"} or None}."""
     request = json.dumps({"contracts": contracts, "script": script})
-    result = subprocess.run([sys.executable, "-c", _RUNNER, request], cwd=REPO, env=interpreter_env(), capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run([sys.executable, "-c", _RUNNER, request], check=False, cwd=REPO, env=interpreter_env(), capture_output=True, text=True, timeout=timeout)
     marker = result.stdout.rfind("RECORDS")
     if result.returncode != 0 or marker < 0:
         raise AssertionError(f"interpreter run failed (exit {result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
@@ -71,7 +71,7 @@ def assert_script_ok(run: dict) -> None:
 
 def run_script(source: str, timeout: float = 240) -> str:
     """Run Python `source` under the interpreter; its stdout (AssertionError with the output on failure)."""
-    result = subprocess.run([sys.executable, "-c", source], cwd=REPO, env=interpreter_env(), capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run([sys.executable, "-c", source], check=False, cwd=REPO, env=interpreter_env(), capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"script failed (exit {result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result.stdout

@@ -88,7 +88,9 @@ def test_nvfp4_variant_matches_the_torch_op_on_dequantised_weights(run):
 def test_nvfp4_matches_the_torch_op_on_cuda_at_the_real_shape(tokens):
     from reference_engine.kernels.moe_decode import nvfp4_routed_experts
     from reference_engine.ops.static_moe import StackedNvfp4Experts
-    from reference_engine.ops.static_moe import nvfp4_routed_experts as torch_nvfp4_routed_experts
+    from reference_engine.ops.static_moe import (
+        nvfp4_routed_experts as torch_nvfp4_routed_experts,
+    )
 
     generator = torch.Generator(device="cuda").manual_seed(tokens)
     experts_count, hidden, inter, top_k = 256, 2048, 512, 8
@@ -118,6 +120,7 @@ def test_nvfp4_matches_the_torch_op_on_cuda_at_the_real_shape(tokens):
 
 @pytest.mark.cuda
 def test_dense_contract_cases_pass_on_cuda():
+    pytest.importorskip("pydantic")  # the toolbox harness needs it; the GPU image may not have it
     import subprocess
     import sys
 
@@ -125,6 +128,6 @@ def test_dense_contract_cases_pass_on_cuda():
 
     result = subprocess.run(
         [sys.executable, "-m", "toolbox.cli", "test", CONTRACT, "--impl", IMPL, "--device", "cuda", "--cases", "decode-t1-bf16", "--cases", "decode-t64-bf16", "--cases", "decode-t16-f32"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
+        check=False, cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:]
