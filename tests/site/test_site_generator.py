@@ -156,3 +156,20 @@ def test_generated_site_has_one_page_per_document_and_a_complete_nav(repo_root, 
         assert nav.count(f"]({contract.page})") == 1 and contract.page in site.pages
     assert len({s.page for s in catalog.skills}) == len(catalog.skills)
     assert sum(len(entries) for entries in site.llms_sections.values()) >= len(catalog.skills) + len(catalog.contracts)
+
+
+def test_inline_code_naming_a_page_becomes_a_link(catalog):
+    skill = catalog.skill("gated-deltanet")
+    link = catalog.code_linker(skill.document.display, skill.page)
+    text = ("Decode is `gdn-recurrent-decode`; see `references/chunked-derivation.md`, `linear-attention/gdn-gates`, "
+            "`contracts/moe/router-topk.yaml`, `reference_engine/bench/floor.py`, `x = a / b`, `gated-deltanet`, "
+            "and [`causal-conv1d`](../causal-conv1d/SKILL.md).\n## `qk-norm` in a heading stays\n```\n`qk-norm` in a fence stays\n```\n")
+    out = rewrite_links(text, catalog.resolver(skill.document.display, skill.page), link)
+    assert "[`gdn-recurrent-decode`](../gdn-recurrent-decode/index.md)" in out
+    assert "[`references/chunked-derivation.md`](references/chunked-derivation.md)" in out
+    assert "[`linear-attention/gdn-gates`](../../../contracts/linear-attention/gdn-gates.md)" in out
+    assert "[`contracts/moe/router-topk.yaml`](../../../contracts/moe/router-topk.md)" in out
+    assert "[`reference_engine/bench/floor.py`](https://github.com/inference-skills/toolbox/blob/main/reference_engine/bench/floor.py)" in out
+    assert " `x = a / b`," in out and " `gated-deltanet`," in out  # not a page; the page itself
+    assert "[`causal-conv1d`](../causal-conv1d/index.md)" in out and "[[" not in out  # an existing link is not nested
+    assert "## `qk-norm` in a heading stays" in out and "\n`qk-norm` in a fence stays\n" in out

@@ -121,6 +121,32 @@ class Catalog:
         return resolve
 
 
+    def code_linker(self, source_file: str, page: str):
+        """For `markdown.rewrite_links(code_link=...)`: inline code naming a skill, a contract or a file of this folder."""
+        resolve = self.resolver(source_file, page)
+        names = {skill.name: skill.page for skill in self.skills}
+        contracts = {contract.id: contract.page for contract in self.contracts}
+
+        def link(text: str) -> str | None:
+            if text in names and names[text] != page:
+                return layout.relative_link(page, names[text])
+            if text in contracts:
+                return layout.relative_link(page, contracts[text])
+            if "/" in text and not text.startswith(("/", "http", ".")) and " " not in text and len(text) < 200:
+                path, _ = repo_relative(source_file, text)
+                found = self.page_for(path)
+                if found is not None and found != page:
+                    return resolve(text)
+                found = self.page_for(text)  # written from the repository root: `contracts/moe/router-topk.yaml`
+                if found is not None and found != page:
+                    return layout.relative_link(page, found)
+                if found is None and (self.root / text).is_file() and (self.root / text).resolve().is_relative_to(self.root.resolve()):
+                    return self.repository.blob(text)
+            return None
+
+        return link
+
+
 def _skill_entry(document: SkillDocument, root: Path) -> SkillEntry:
     meta = document.frontmatter.metadata if document.frontmatter else None
     domain = meta.domain if meta else document.domain_folder

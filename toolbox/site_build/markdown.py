@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 _FENCE_LINE = re.compile(r"^\s*(`{3,}|~{3,})")
 _LINK = re.compile(r"(!?\[[^\]\n]*\]\()([^)\s]+)((?:\s+\"[^\"]*\")?\))")
+_CODE_SPAN = re.compile(r"(`+[^`]*`+)")
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 
 
@@ -41,8 +42,14 @@ def fence(text: str, language: str = "") -> str:
     return f"{ticks}{language}\n{text.rstrip()}\n{ticks}\n"
 
 
-def rewrite_links(markdown: str, resolve: Callable[[str], str | None]) -> str:
-    """Apply `resolve(target) -> new target or None (keep)` to every relative link outside code fences and code spans."""
+def rewrite_links(markdown: str, resolve: Callable[[str], str | None],
+                  code_link: Callable[[str], str | None] | None = None) -> str:
+    """Apply `resolve(target) -> new target or None (keep)` to every relative link outside code fences and code spans.
+
+    With `code_link(text) -> target or None`, an inline code span naming something that has a page
+    (`gated-deltanet`, `attention/partial-rope`, `references/x.md`) becomes a link to it, except
+    inside headings, inside link text and on indented lines (which may be indented code).
+    """
     out, fence_marker = [], None
     for line in markdown.splitlines(keepends=True):
         match = _FENCE_LINE.match(line)
@@ -55,10 +62,15 @@ def rewrite_links(markdown: str, resolve: Callable[[str], str | None]) -> str:
                 fence_marker = None
             out.append(line)
             continue
-        parts = re.split(r"(`+[^`]*`+)", line)  # keep inline code untouched
+        spans = [(m.start(), m.end()) for m in _CODE_SPAN.finditer(line)]  # links inside inline code stay text
+        line = _LINK.sub(lambda m, spans=spans: m.group(0) if any(a <= m.start() < b for a, b in spans) else _replace(m, resolve), line)
+        parts = _CODE_SPAN.split(line)
         for index, part in enumerate(parts):
-            if index % 2 == 0:
-                parts[index] = _LINK.sub(lambda m: _replace(m, resolve), part)
+            if index % 2 == 1 and code_link is not None and not line.lstrip().startswith("#") and not line.startswith(("    ", "\t")):
+                inside_link = parts[index - 1].endswith("[") and parts[index + 1].startswith("](")
+                target = None if inside_link else code_link(part.strip("`").strip())
+                if target is not None:
+                    parts[index] = f"[{part}]({target})"
         out.append("".join(parts))
     return "".join(out)
 

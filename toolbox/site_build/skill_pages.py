@@ -21,7 +21,8 @@ def skill_pages(catalog: Catalog, skill: SkillEntry) -> dict[str, str]:
         source = f"{skill.folder}/{relative}"
         text = (catalog.root / source).read_text(encoding="utf-8")
         back = f'<p class="toolbox-crumb">Reference of the skill <a href="{html.escape(layout.page_href(page, skill.page))}">{html.escape(skill.name)}</a> · <code>{html.escape(source)}</code></p>\n\n'
-        pages[page] = _after_title(rewrite_links(text, catalog.resolver(source, page)), back, f"# {PurePosixPath(relative).stem}\n\n")
+        linked = rewrite_links(text, catalog.resolver(source, page), catalog.code_linker(source, page))
+        pages[page] = _after_title(linked, back, f"# {PurePosixPath(relative).stem}\n\n")
     for relative in skill.code_files:
         page = layout.skill_script_page(skill.domain, skill.name, relative)
         source = f"{skill.folder}/{relative}"
@@ -37,7 +38,8 @@ def skill_pages(catalog: Catalog, skill: SkillEntry) -> dict[str, str]:
 
 
 def skill_page(catalog: Catalog, skill: SkillEntry) -> str:
-    body = rewrite_links(skill.document.body, catalog.resolver(skill.document.display, skill.page))
+    body = rewrite_links(skill.document.body, catalog.resolver(skill.document.display, skill.page),
+                         catalog.code_linker(skill.document.display, skill.page))
     return _after_title(body, metadata_box(catalog, skill), f"# {skill.name}\n\n")
 
 
