@@ -15,7 +15,13 @@ __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "contract_implementations"]
 
 # Packages whose modules declare contract implementations with `ops.registry.satisfies`.
-_DECLARING_PACKAGES = ("reference_engine.ops", "reference_engine.quant", "reference_engine.cache", "reference_engine.contract_entries")
+_DECLARING_PACKAGES = (
+    "reference_engine.ops",
+    "reference_engine.quant",
+    "reference_engine.cache",
+    "reference_engine.kernels",
+    "reference_engine.contract_entries",
+)
 
 
 def contract_implementations() -> dict[str, list[dict[str, Any]]]:
