@@ -61,6 +61,12 @@ def _section(benchmark: EngineBenchmark) -> str:
         f"- model: {model.get('preset', '?')} architecture, linears {model.get('quantize', '?')}, LM head {model.get('lm_head', '?')}, activations {model.get('dtype', '?')}",
         f"- accuracy gate: {'passed' if gate.get('passed') else '**failed**'}: {gate.get('message', '')}",
     ]
+    triton_gate = document.get("gate_with_triton_kernels")
+    if isinstance(triton_gate, dict) and triton_gate.get("message"):
+        facts.append(f"- gate with the Triton kernels: {'passed' if triton_gate.get('passed') else '**failed** (not used in the timed runs)'}: {triton_gate['message']}")
+    decode_mode = (document.get("ours") or {}).get("decode_mode")
+    if decode_mode:
+        facts.append(f"- our decode path in the timed runs: {decode_mode}")
     bandwidth, rate = _number(ceilings.get("copy_bandwidth")), _number(ceilings.get("matmul_rate"))
     if bandwidth and rate:
         facts.append(f"- ceilings measured in the run: copy {bandwidth / 1e12:.2f} TB/s, matrix {rate / 1e12:.0f} TFLOP/s")
