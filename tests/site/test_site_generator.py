@@ -173,3 +173,15 @@ def test_inline_code_naming_a_page_becomes_a_link(catalog):
     assert " `x = a / b`," in out and " `gated-deltanet`," in out  # not a page; the page itself
     assert "[`causal-conv1d`](../causal-conv1d/index.md)" in out and "[[" not in out  # an existing link is not nested
     assert "## `qk-norm` in a heading stays" in out and "\n`qk-norm` in a fence stays\n" in out
+
+
+def test_a_run_stopped_at_the_gate_is_shown_as_such(tmp_path):
+    document = {**_engine_document(), "name": "gate-failed-run", "table": [],
+                "gate": {"passed": False, "message": "top-1 agreement 0.2 < 0.99"},
+                "ceilings": {"copy_bandwidth": float("nan"), "matmul_rate": float("nan"), "matmul_dtype": "-"}}
+    folder = tmp_path / "benchmarks" / "results"
+    folder.mkdir(parents=True)
+    (folder / "gate-failed-run.json").write_text(json.dumps(document))  # NaN as JSON writes it
+    page = benchmarks_page(load_result_files(tmp_path))
+    assert "FAILED" in page and "stopped at the accuracy gate" in page and "top-1 agreement 0.2" in page
+    assert "<svg" not in page and "nan TB/s" not in page

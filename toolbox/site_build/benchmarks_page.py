@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from markdown.extensions.toc import slugify
@@ -14,7 +15,10 @@ BATCH_ROW = re.compile(r"^output tokens/s, batch (\d+)$")
 
 
 def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A finite number, or None (missing, NaN or not a number)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def benchmarks_page(files: ResultFiles) -> str:
