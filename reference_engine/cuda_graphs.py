@@ -5,9 +5,9 @@ A decode step (every sequence brings one token) of B sequences runs at the small
 rows B..bucket are padding: token 0 at position 0, one cached token, the runner's scratch KV block
 (its slot 0) and scratch state slot, so they write nothing that a real sequence reads.
 
-The model sees a `StaticDecodeBatch` (a ForwardBatch with `static_shapes=True`) and then calls the
-capturable ops (`ops/static_attention.py`, `ops/static_moe.py`): no host sync, shapes fixed by the
-bucket and by `max_blocks_per_seq`. The greedy tokens (argmax of the logits) are computed inside
+The model sees a `StaticDecodeBatch` (a ForwardBatch carrying an `ops.backend.OpSet`) and calls the
+OpSet's ops: the capturable torch variants (`ops/static_*.py`) or the Triton kernels that
+`select_ops` swaps in on CUDA; no host sync, shapes fixed by the bucket and by `max_blocks_per_seq`. The greedy tokens (argmax of the logits) are computed inside
 the step, so a greedy decode step reads back only B token ids. Modes:
 - "static": the same step run eagerly (CPU tests, profiling: a profiler sees every kernel);
 - "graphs": captured once per bucket on first use (the first step at that bucket runs eagerly and
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ DECODE_MODES = ("eager", "static", "graphs")
 
 @dataclass(frozen=True)
 class StaticDecodeBatch(ForwardBatch):
-    static_shapes: bool = True  # read by the model: use the capturable ops
+    ops: Any = None  # ops.backend.OpSet: the capturable decode ops (torch static variants or Triton kernels) the model calls
 
 
 def bucket_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -71,18 +72,15 @@ class StaticDecoder:
         max_blocks_per_seq: int,
         scratch: ScratchSpace,
         use_graphs: bool,
+        ops,
     ) -> None:
         device = torch.device(model.device)
         if use_graphs and device.type != "cuda":
             raise ValueError(
                 f"CUDA graphs need a CUDA device, the model is on {device}"
             )
-        self.model, self.caches, self.scratch, self.use_graphs = (
-            model,
-            caches,
-            scratch,
-            use_graphs,
-        )
+        self.model, self.caches, self.scratch, self.use_graphs = model, caches, scratch, use_graphs
+        self.ops = ops  # ops.backend.OpSet
         self.device = device
         self.buckets = bucket_sizes(max_num_seqs)
         self.max_blocks_per_seq = max_blocks_per_seq
@@ -139,6 +137,7 @@ class StaticDecoder:
             has_initial_state=self.has_initial_state[:bucket],  # [b]
             logits_indices=self.logits_indices[:bucket],  # [b]
             is_decode=True,
+            ops=self.ops,
         )
 
     def fill(self, plan: SchedulerOutput) -> int:

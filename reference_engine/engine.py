@@ -47,11 +47,12 @@ def default_num_blocks(model, config: EngineConfig) -> int:
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer, config: EngineConfig, decode_mode: str = "auto") -> None:
-        """decode_mode: "auto" (CUDA graphs on CUDA, eager on the CPU), "eager", "static" or "graphs" (see runner.py)."""
+    def __init__(self, model, tokenizer, config: EngineConfig, decode_mode: str = "auto", use_triton: bool = True) -> None:
+        """decode_mode: "auto" (CUDA graphs on CUDA, eager on the CPU), "eager", "static" or "graphs" (see runner.py);
+        use_triton: the static decode path calls Triton kernels on CUDA where they exist (ops/backend.py)."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
         num_blocks = config.num_blocks if config.num_blocks is not None else default_num_blocks(model, config)
-        self.runner = ModelRunner(model, config, num_blocks, decode_mode=decode_mode)
+        self.runner = ModelRunner(model, config, num_blocks, decode_mode=decode_mode, use_triton=use_triton)
         self.scheduler = Scheduler(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,

@@ -19,13 +19,14 @@ from reference_engine.cache.tensors import ModelCaches
 from reference_engine.config import EngineConfig
 from reference_engine.cuda_graphs import DECODE_MODES, ScratchSpace, StaticDecoder
 from reference_engine.forward_batch import ForwardBatch
+from reference_engine.ops.backend import select_ops
 from reference_engine.sampler import Sampler, SamplingRow
 from reference_engine.scheduler import SchedulerOutput
 
 
 class ModelRunner:
     def __init__(
-        self, model, config: EngineConfig, num_blocks: int, decode_mode: str = "auto"
+        self, model, config: EngineConfig, num_blocks: int, decode_mode: str = "auto", use_triton: bool = True
     ) -> None:
         self.model = model
         self.config = config
@@ -47,10 +48,12 @@ class ModelRunner:
             dtype=model.dtype,
         )
         self.decoder: StaticDecoder | None = None
+        self.ops = None  # ops.backend.OpSet of the static decode path
         if decode_mode != "eager":
+            self.ops = select_ops(str(self.device), use_triton=use_triton)  # Triton kernels on CUDA where they import
             self.decoder = StaticDecoder(
                 model, self.caches, config.max_num_seqs, -(-config.max_model_len // config.block_size),
-                ScratchSpace(block=num_blocks, slot=config.max_num_seqs, block_size=config.block_size), use_graphs=decode_mode == "graphs",
+                ScratchSpace(block=num_blocks, slot=config.max_num_seqs, block_size=config.block_size), use_graphs=decode_mode == "graphs", ops=self.ops,
             )  # fmt: skip
         self.last_logits: torch.Tensor | None = (
             None  # [S, V] float32 of the last step (tests and accuracy gates read it)

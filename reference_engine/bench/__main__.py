@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quantize", default="nvfp4", choices=["nvfp4", "none"])
     parser.add_argument("--lm-head", default="bf16", choices=["bf16", "nvfp4"])
+    parser.add_argument("--kernels", default="triton", choices=["triton", "torch"])
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--batch-prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=256)
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = BenchOptions(
             model=args.model, device=args.device, dtype=args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"),
-            quantize=None if args.quantize == "none" else args.quantize, lm_head=args.lm_head, prompt_tokens=args.prompt_tokens,
+            quantize=None if args.quantize == "none" else args.quantize, lm_head=args.lm_head, kernels=args.kernels, prompt_tokens=args.prompt_tokens,
             batch_prompt_tokens=args.batch_prompt_tokens, output_tokens=args.output_tokens,
             batch_sizes=tuple(int(part) for part in args.batch_sizes.split(",") if part.strip()), peer=not args.no_peer,
             profile=not args.no_profile, out_dir=args.out_dir, seed=args.seed, commit=args.commit,

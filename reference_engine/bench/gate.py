@@ -102,6 +102,7 @@ def run_gate(
     decode_steps: int = 8,
     seed: int = 0,
     max_prompt_tokens: int = 64,
+    use_triton: bool = True,
 ) -> GateResult:
     """Greedy decode of `num_prompts` random prompts (16..max_prompt_tokens tokens) on both paths; judged by GATE_BOUNDS."""
     dtype = str(model.dtype).removeprefix("torch.")
@@ -125,7 +126,7 @@ def run_gate(
         max_num_batched_tokens=max(2048, sum(lengths)),
     )
     engine = LLMEngine(model, tokenizer, config, decode_mode="eager")
-    fast = ModelRunner(model, config, num_blocks, decode_mode=fast_mode)
+    fast = ModelRunner(model, config, num_blocks, decode_mode=fast_mode, use_triton=use_triton)
     twin = TwinRunner(engine.runner, fast)
     engine.runner = twin
     for index, prompt in enumerate(prompts):
@@ -143,6 +144,9 @@ def run_gate(
         fast_mode = f"static (graph capture failed: {fast.decoder.capture_error})"
     elif fast.decoder is not None and fast.decoder.use_graphs:
         fast_mode = f"graphs (buckets captured: {list(fast.decoder.captured_buckets)})"
+    if fast.ops is not None:
+        kernels = sorted(name for name, backend in fast.ops.backends.items() if backend == "triton")
+        fast_mode += f"; Triton kernels: {', '.join(kernels) if kernels else 'none (torch ops)'}"
     mean_bound, max_bound, top1_bound, margin = bounds
     passed = kl_mean <= mean_bound and kl_max <= max_bound and top1 >= top1_bound
     message = (

@@ -54,7 +54,7 @@ class StepRecorder:
 
 class EngineBench:
     def __init__(self, model, tokenizer, decode_mode: str, prompt_tokens: int, batch_prompt_tokens: int, output_tokens: int,
-                 max_batch: int, seed: int = 0) -> None:  # fmt: skip
+                 max_batch: int, seed: int = 0, use_triton: bool = True) -> None:  # fmt: skip
         self.model, self.output_tokens, self.batch_prompt_tokens = (
             model,
             output_tokens,
@@ -68,7 +68,7 @@ class EngineBench:
             device=str(self.device), dtype=str(model.dtype).removeprefix("torch."), max_num_seqs=max_batch, max_model_len=max_model_len,
             block_size=block_size, num_blocks=max_batch * -(-max_model_len // block_size), max_num_batched_tokens=max(2048, prompt_tokens),
         )  # fmt: skip
-        self.engine = LLMEngine(model, tokenizer, config, decode_mode=decode_mode)
+        self.engine = LLMEngine(model, tokenizer, config, decode_mode=decode_mode, use_triton=use_triton)
         self.recorder = StepRecorder(self.engine.runner, self.device)
         self.engine.runner = self.recorder
 

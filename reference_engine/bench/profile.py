@@ -27,6 +27,7 @@ def profile_decode_step(
     model,
     tokenizer,
     batch: int = 1,
+    use_triton: bool = True,
     context_tokens: int = 64,
     top: int = 15,
     seed: int = 0,
@@ -43,7 +44,7 @@ def profile_decode_step(
         max_model_len=max_model_len,
         num_blocks=num_blocks,
     )
-    engine = LLMEngine(model, tokenizer, config, decode_mode="static")
+    engine = LLMEngine(model, tokenizer, config, decode_mode="static", use_triton=use_triton)
     generator = torch.Generator().manual_seed(seed)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     for _ in range(batch):

@@ -59,6 +59,11 @@ def markdown(document: dict) -> str:
             f"matrix {document['ceilings']['matmul_rate'] / 1e12:.1f} TFLOP/s ({document['ceilings']['matmul_dtype']})"
         ),
         f"- accuracy gate: {gate['message']}",
+        *(
+            [f"- the Triton kernels FAILED the gate and were not used: {document['gate_with_triton_kernels']['message']}"]
+            if document.get("gate_with_triton_kernels")
+            else []
+        ),
         f"- our decode path in the timed runs: {document['ours']['decode_mode']}"
         if document.get("ours")
         else "- our figures: not measured",

@@ -45,22 +45,24 @@ class GatedAttention:
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """x [T, H] -> [T, H]; writes the new tokens' K/V into this layer's cache."""
         num_tokens, heads, kv_heads, head_dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        query_gate = self.q_proj(x)  # [T, Hq * 2D]
+        ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
+        norm = ops.rms_norm if ops is not None else rms_norm
+        query_gate = self.q_proj(x, ops)  # [T, Hq * 2D]
         query = torch.empty(num_tokens, heads, head_dim, dtype=x.dtype, device=x.device)  # [T, Hq, D]
         gate = torch.empty(num_tokens, heads * head_dim, dtype=x.dtype, device=x.device)  # [T, Hq * D]
         split_q_gate(query_gate, query=query, gate=gate)
-        key = self.k_proj(x).view(num_tokens, kv_heads, head_dim)  # [T, Hkv, D]
-        value = self.v_proj(x).view(num_tokens, kv_heads, head_dim).contiguous()  # [T, Hkv, D]
+        key = self.k_proj(x, ops).view(num_tokens, kv_heads, head_dim)  # [T, Hkv, D]
+        value = self.v_proj(x, ops).view(num_tokens, kv_heads, head_dim).contiguous()  # [T, Hkv, D]
 
         normed_query, normed_key = torch.empty_like(query), torch.empty_like(key)
-        rms_norm(query, self.q_norm, out=normed_query, eps=self.eps)
-        rms_norm(key, self.k_norm, out=normed_key, eps=self.eps)
+        norm(query, self.q_norm, out=normed_query, eps=self.eps)
+        norm(key, self.k_norm, out=normed_key, eps=self.eps)
         rotated_query, rotated_key = torch.empty_like(query), torch.empty_like(key)
         partial_rope(normed_query, batch.positions, out=rotated_query, rotary_dim=self.rotary_dim, theta=self.rope_theta)
         partial_rope(normed_key, batch.positions, out=rotated_key, rotary_dim=self.rotary_dim, theta=self.rope_theta)
 
         k_cache, v_cache = caches.k_cache[self.layer_index], caches.v_cache[self.layer_index]
-        static = getattr(batch, "static_shapes", False)  # CUDA-graph decode: capturable ops, no host sync
+        static = ops is not None  # CUDA-graph decode: capturable ops, no host sync
         if static:
             static_attention.write_kv_all_valid(rotated_key, value, k_cache, v_cache, batch.slot_mapping)
         else:
@@ -69,7 +71,7 @@ class GatedAttention:
         attended = torch.empty_like(query)  # [T, Hq, D]
         scale = head_dim**-0.5
         if static:
-            static_attention.paged_decode(rotated_query, k_cache, v_cache, batch.block_tables, batch.seq_lens, out=attended, scale=scale)
+            ops.paged_decode(rotated_query, k_cache, v_cache, batch.block_tables, batch.seq_lens, out=attended, scale=scale)
         elif batch.is_decode:
             paged_decode(rotated_query, k_cache, v_cache, batch.block_tables, batch.seq_lens, out=attended, scale=scale)
         else:
@@ -78,4 +80,4 @@ class GatedAttention:
             )
         gated = torch.empty(num_tokens, heads * head_dim, dtype=x.dtype, device=x.device)  # [T, Hq * D]
         output_gate(attended.view(num_tokens, heads * head_dim), gate, out=gated)
-        return self.o_proj(gated)
+        return self.o_proj(gated, ops)

@@ -34,15 +34,18 @@ class DecoderLayer:
 
         Returns (this layer's MoE output, the residual stream before it); their sum is the layer's output.
         """
+        ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
+        norm = ops.rms_norm if ops is not None else rms_norm
+        add_norm = ops.fused_add_rms_norm if ops is not None else fused_add_rms_norm
         normed = torch.empty_like(x)  # [T, H]
         if residual is None:
             residual = x
-            rms_norm(x, self.input_layernorm, out=normed, eps=self.eps)
+            norm(x, self.input_layernorm, out=normed, eps=self.eps)
         else:
             new_residual = torch.empty_like(x)  # [T, H]
-            fused_add_rms_norm(x, residual, self.input_layernorm, out=normed, residual_out=new_residual, eps=self.eps)
+            add_norm(x, residual, self.input_layernorm, out=normed, residual_out=new_residual, eps=self.eps)
             residual = new_residual
         mixed = self.mixer(normed, batch, caches)  # [T, H]
         post_normed, post_residual = torch.empty_like(x), torch.empty_like(x)  # [T, H]
-        fused_add_rms_norm(mixed, residual, self.post_attention_layernorm, out=post_normed, residual_out=post_residual, eps=self.eps)
-        return self.mlp(post_normed, static=getattr(batch, "static_shapes", False)), post_residual
+        add_norm(mixed, residual, self.post_attention_layernorm, out=post_normed, residual_out=post_residual, eps=self.eps)
+        return self.mlp(post_normed, ops=ops), post_residual

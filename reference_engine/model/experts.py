@@ -5,8 +5,8 @@ Dense: `gate_up_proj [E, 2I, H]` (rows 0:I gate, I:2I up) and `down_proj [E, H, 
 them, each with its own tensor scale). The touched experts are dequantised to a compact dense stack
 and handed to the same op with remapped ids: correct everywhere, not the fast path.
 Per-expert NVFP4 weights are stacked once on an expert dimension (`stacked`; the per-expert Linears
-become views of the stack, so nothing is held twice). With `static=True` (the CUDA-graph decode path)
-the capturable ops of `ops/static_moe.py` run instead: no host sync, shapes fixed by the batch.
+become views of the stack, so nothing is held twice). Given `ops` (an ops.backend.OpSet: the CUDA-graph
+decode path) its capturable routed-experts ops run instead: no host sync, shapes fixed by the batch.
 """
 
 from __future__ import annotations
@@ -73,13 +73,13 @@ class RoutedExperts:
     def is_fused_dense(self) -> bool:
         return self.gate_up_proj is not None
 
-    def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, static: bool = False) -> torch.Tensor:
-        """x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32 -> out [T, H]; `static`: the capturable ops."""
-        if static and self.is_fused_dense:
-            static_moe.routed_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, out=out)
+    def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, ops=None) -> torch.Tensor:
+        """x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32 -> out [T, H]; `ops`: the capturable ops."""
+        if ops is not None and self.is_fused_dense:
+            ops.routed_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, out=out)
             return out
-        if static and self.stacked is not None:
-            static_moe.nvfp4_routed_experts(x, topk_weights, topk_ids, self.stacked, out=out)
+        if ops is not None and self.stacked is not None:
+            ops.nvfp4_routed_experts(x, topk_weights, topk_ids, self.stacked, out=out)
             return out
         if self.is_fused_dense:
             return routed_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, out=out)

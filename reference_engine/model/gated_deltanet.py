@@ -15,7 +15,6 @@ import torch
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.linear import Linear
-from reference_engine.ops import static_linear_attention
 from reference_engine.ops.linear_attention import (
     causal_conv1d,
     causal_conv1d_update,
@@ -56,15 +55,18 @@ class GatedDeltaNet:
         """x [T, H] -> [T, H]; reads and writes this layer's conv and recurrent states at batch.state_slots."""
         num_tokens = x.shape[0]
         key_dim = self.num_k_heads * self.k_head_dim
-        mixed = self.in_proj_qkv(x)  # [T, C]
-        z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.v_head_dim)  # [T, Hv, Dv]
-        b = self.in_proj_b(x)  # [T, Hv]
-        a = self.in_proj_a(x)  # [T, Hv]
+        ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
+        mixed = self.in_proj_qkv(x, ops)  # [T, C]
+        z = self.in_proj_z(x, ops).view(num_tokens, self.num_v_heads, self.v_head_dim)  # [T, Hv, Dv]
+        b = self.in_proj_b(x, ops)  # [T, Hv]
+        a = self.in_proj_a(x, ops)  # [T, Hv]
         conv_in, state_in = self._initial_states(batch, caches)
 
         conv_out = torch.empty_like(mixed)  # [T, C]
         conv_state_out = torch.empty_like(conv_in)  # [B, C, K-1]
-        if batch.is_decode:
+        if ops is not None:
+            ops.causal_conv1d_update(mixed, self.conv_weight, conv_in, out=conv_out, conv_state_out=conv_state_out)
+        elif batch.is_decode:
             causal_conv1d_update(mixed, self.conv_weight, conv_in, out=conv_out, conv_state_out=conv_state_out)
         else:
             causal_conv1d(mixed, self.conv_weight, batch.cu_seqlens_q, conv_in, out=conv_out, final_state=conv_state_out)
@@ -79,8 +81,8 @@ class GatedDeltaNet:
 
         core = torch.empty(num_tokens, self.num_v_heads, self.v_head_dim, dtype=x.dtype, device=x.device)  # [T, Hv, Dv]
         state_out = torch.empty_like(state_in)  # [B, Hv, Dk, Dv]
-        if getattr(batch, "static_shapes", False):  # CUDA-graph decode: the capturable variant
-            static_linear_attention.gdn_recurrent_decode(query, key, value, g, beta, state_in, out=core, state_out=state_out)
+        if ops is not None:  # CUDA-graph decode: a capturable variant
+            ops.gdn_recurrent_decode(query, key, value, g, beta, state_in, out=core, state_out=state_out)
         elif batch.is_decode:
             gdn_recurrent_decode(query, key, value, g, beta, state_in, out=core, state_out=state_out)
         else:
@@ -88,5 +90,5 @@ class GatedDeltaNet:
         caches.recurrent_state[self.layer_index][batch.state_slots] = state_out
 
         normed = torch.empty_like(core)  # [T, Hv, Dv]
-        gated_rms_norm(core, z.contiguous(), self.norm_weight, out=normed, eps=self.eps)
-        return self.out_proj(normed.view(num_tokens, self.num_v_heads * self.v_head_dim))
+        (ops.gated_rms_norm if ops is not None else gated_rms_norm)(core, z.contiguous(), self.norm_weight, out=normed, eps=self.eps)
+        return self.out_proj(normed.view(num_tokens, self.num_v_heads * self.v_head_dim), ops)

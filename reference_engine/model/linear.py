@@ -63,8 +63,8 @@ class Linear:
             return self.weight.to(dtype)
         return dequantize_nvfp4(self.weight_packed, self.weight_scale, self.weight_scale_2, dtype)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., K] -> [..., N] in x's dtype."""
+    def __call__(self, x: torch.Tensor, ops=None) -> torch.Tensor:
+        """x [..., K] -> [..., N] in x's dtype; `ops` (an ops.backend.OpSet, static decode only) supplies the W4A16 kernel."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"Linear expects inputs of width {self.in_features}, got {list(x.shape)}")
         if self.weight is not None:
@@ -74,7 +74,7 @@ class Linear:
         if self.activation_nvfp4:
             w4a4_linear(flat, self.weight_packed, self.weight_scale, self.weight_scale_2, self.input_scale, out=out)
         else:
-            w4a16_linear(flat, self.weight_packed, self.weight_scale, self.weight_scale_2, out=out)
+            (ops.w4a16_linear if ops is not None else w4a16_linear)(flat, self.weight_packed, self.weight_scale, self.weight_scale_2, out=out)
         return out.view(*x.shape[:-1], self.out_features)
 
     def nbytes(self) -> int:

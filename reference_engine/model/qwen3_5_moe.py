@@ -47,8 +47,10 @@ class Qwen35MoeModel:
         hidden = hidden[batch.logits_indices]  # [B, H]
         residual = residual[batch.logits_indices]  # [B, H]
         normed, summed = torch.empty_like(hidden), torch.empty_like(hidden)  # [B, H]
-        fused_add_rms_norm(hidden, residual, self.norm, out=normed, residual_out=summed, eps=self.config.rms_norm_eps)
-        return self.lm_head(normed).float()  # [B, V]
+        ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
+        add_norm = ops.fused_add_rms_norm if ops is not None else fused_add_rms_norm
+        add_norm(hidden, residual, self.norm, out=normed, residual_out=summed, eps=self.config.rms_norm_eps)
+        return self.lm_head(normed, ops).float()  # [B, V]
 
     __call__ = forward
 

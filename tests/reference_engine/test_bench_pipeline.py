@@ -26,6 +26,8 @@ QUICK = {
     "batch_sizes": (1, 2),
     "gate_prompts": 2,
     "gate_steps": 3,
+    "gate_prompt_tokens": 16,
+    "ttft_repeats": 1,
     "peer_decode_tokens": 2,
 }
 
@@ -33,7 +35,7 @@ QUICK = {
 @pytest.fixture
 def wrong_decode_attention(monkeypatch):
     """A fast path whose decode attention uses twice the softmax scale (a known-wrong kernel)."""
-    from reference_engine.ops import static_attention
+    from reference_engine.ops import backend, static_attention
 
     original = static_attention.paged_decode
 
@@ -42,7 +44,7 @@ def wrong_decode_attention(monkeypatch):
             query, k_cache, v_cache, block_tables, seq_lens, out=out, scale=2 * scale
         )
 
-    monkeypatch.setattr(static_attention, "paged_decode", wrong)
+    monkeypatch.setattr(backend, "paged_decode", wrong)  # the torch OpSet the static path calls
 
 
 def test_bench_writes_json_and_markdown(tmp_path) -> None:

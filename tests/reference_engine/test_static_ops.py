@@ -12,6 +12,7 @@ from reference_engine.ops import (
     static_linear_attention,
     static_moe,
 )
+from reference_engine.ops.backend import torch_ops
 from reference_engine.ops.linear_attention import gdn_recurrent_decode
 from reference_engine.presets import quantized_linear
 
@@ -46,7 +47,7 @@ def test_nvfp4_static_experts_match_the_plain_op(num_tokens: int) -> None:
     expected = torch.full((num_tokens, 64), float("nan"))
     moe.routed_experts(x, weights, ids, gate_up, down, out=expected)
     actual = torch.full((num_tokens, 64), float("nan"))  # poisoned
-    experts(x, weights, ids, out=actual, static=True)
+    experts(x, weights, ids, out=actual, ops=torch_ops())
     assert torch.isfinite(actual).all()
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
     plain = torch.full((num_tokens, 64), float("nan"))

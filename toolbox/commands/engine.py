@@ -124,6 +124,8 @@ Examples:
 @click.option("--dtype", type=click.Choice(["bfloat16", "float32", "float16"]), default=None, help="Activation dtype; default bfloat16 on cuda, float32 on cpu.")
 @click.option("--quantize", type=click.Choice(["nvfp4", "none"]), default="nvfp4", show_default=True, help="Linears and experts in NVFP4 or dense.")
 @click.option("--lm-head", type=click.Choice(["bf16", "nvfp4"]), default="bf16", show_default=True, help="Precision of the LM head.")
+@click.option("--kernels", type=click.Choice(["triton", "torch"]), default="triton", show_default=True,
+              help="Decode ops: Triton kernels where they exist (CUDA; falls back to torch if they fail the gate), or torch only.")
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=1024, show_default=True, help="Prompt of the TTFT and TPOT runs.")
 @click.option("--batch-prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Prompt of each sequence in the throughput runs.")
 @click.option("--output-tokens", type=click.IntRange(min=2), default=256, show_default=True, help="Tokens generated per sequence (ignore_eos).")
@@ -137,14 +139,14 @@ Examples:
 @click.option("--name", default=None, help="File stem; default <date>-<device>-<variant>.")
 @click.option("--commit", default=None, help="Commit to record (default: git rev-parse HEAD, or 'unknown').")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-def bench_command(model, device, dtype, quantize, lm_head, prompt_tokens, batch_prompt_tokens, output_tokens, batch_sizes, gate_prompts,
+def bench_command(model, device, dtype, quantize, lm_head, kernels, prompt_tokens, batch_prompt_tokens, output_tokens, batch_sizes, gate_prompts,
                   gate_steps, peer, peer_decode_tokens, profile, out_dir, name, commit, seed) -> None:
     """Benchmark the engine: accuracy gate first, then TTFT, TPOT and tokens/s against floors and a peer."""
     from reference_engine.bench.run import BenchOptions, GateFailed, run_bench
 
     options = BenchOptions(
         model=model, device=device, dtype=dtype or ("bfloat16" if device.startswith("cuda") else "float32"),
-        quantize=None if quantize == "none" else quantize, lm_head=lm_head, prompt_tokens=prompt_tokens,
+        quantize=None if quantize == "none" else quantize, lm_head=lm_head, kernels=kernels, prompt_tokens=prompt_tokens,
         batch_prompt_tokens=batch_prompt_tokens, output_tokens=output_tokens, batch_sizes=batch_sizes, gate_prompts=gate_prompts,
         gate_steps=gate_steps, peer=peer, peer_decode_tokens=peer_decode_tokens, profile=profile, out_dir=out_dir, seed=seed,
         commit=commit, name=name,
