@@ -59,7 +59,7 @@ def test_environment_commit_inside_and_outside_git(tmp_path: Path, repo_root: Pa
 
 
 def test_failures_exit_1_and_write_json_and_junit(tmp_path: Path) -> None:
-    output, junit = tmp_path / "r.json", tmp_path / "r.xml"
+    output, junit = tmp_path / "new" / "r.json", tmp_path / "other" / "r.xml"  # missing folders are created
     result = invoke(
         "demo/axpby", "--impl", f"{IMPLS}:axpby_tiled_missing_last", *DIR, "--output", str(output), "--junit", str(junit)
     )

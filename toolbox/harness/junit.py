@@ -41,4 +41,5 @@ def junit_xml(records: list[Record]) -> str:
 
 
 def write_junit(path: Path, records: list[Record]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(junit_xml(records) + "\n", encoding="utf-8")

@@ -94,6 +94,8 @@ def document(records: list[Record], env: dict[str, Any] | None = None) -> dict[s
 
 
 def write_json(path: Path, records: list[Record], env: dict[str, Any] | None = None) -> None:
+    """Write the {environment, records} document, creating missing parent folders (a long run must not be lost)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(document(records, env), indent=2) + "\n", encoding="utf-8")
 
 
