@@ -33,6 +33,7 @@ from reference_engine.ops.moe import (
     _check_out,
     _check_routing,
     _require,
+    check_routed_experts,
 )
 from reference_engine.ops.registry import satisfies
 from reference_engine.ops.static_moe import StackedNvfp4Experts, capturing
@@ -162,19 +163,7 @@ def routed_experts(
     out: torch.Tensor,  # [T, H]
 ) -> None:
     """out[t] = sum_j w[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = topk_ids[t, j]; dense weights."""
-    _require(x.dim() == 2, f"x must be [T, H], got shape {tuple(x.shape)}")
-    num_tokens, hidden = x.shape
-    _check_routing(topk_weights, topk_ids, num_tokens)
-    _require(gate_up_proj.dim() == 3 and gate_up_proj.shape[2] == hidden, f"gate_up_proj must be [E, 2I, H={hidden}], got {tuple(gate_up_proj.shape)}")
-    num_experts, double_intermediate = gate_up_proj.shape[:2]
-    _require(double_intermediate % 2 == 0, f"gate_up_proj rows must be 2I (even), got {double_intermediate}")
-    intermediate = double_intermediate // 2
-    _require(
-        tuple(down_proj.shape) == (num_experts, hidden, intermediate),
-        f"down_proj must be [E={num_experts}, H={hidden}, I={intermediate}], got {tuple(down_proj.shape)}",
-    )
-    _require(gate_up_proj.dtype == x.dtype and down_proj.dtype == x.dtype, f"expert weights must have the dtype of x ({x.dtype}), got {gate_up_proj.dtype} and {down_proj.dtype}")
-    _check_out(out, (num_tokens, hidden), x.dtype, "out")
+    _, _, _, num_experts, intermediate = check_routed_experts(x, topk_weights, topk_ids, gate_up_proj, down_proj, out)
     require_launchable(x, topk_weights, topk_ids, gate_up_proj, down_proj, out)
     if not capturing(x):
         _check_expert_range(topk_ids, num_experts)

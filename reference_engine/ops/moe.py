@@ -96,6 +96,26 @@ def _group_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Te
     return source_rows, counts
 
 
+def check_routed_experts(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, out: torch.Tensor
+) -> tuple[int, int, int, int, int]:
+    """Shape and dtype checks of moe/routed-experts (shared by every implementation); returns (T, H, top_k, E, I)."""
+    _require(x.dim() == 2, f"x must be [T, H], got shape {tuple(x.shape)}")
+    num_tokens, hidden = x.shape
+    top_k = _check_routing(topk_weights, topk_ids, num_tokens)
+    _require(gate_up_proj.dim() == 3 and gate_up_proj.shape[2] == hidden, f"gate_up_proj must be [E, 2I, H={hidden}], got {tuple(gate_up_proj.shape)}")
+    num_experts, double_intermediate = gate_up_proj.shape[:2]
+    _require(double_intermediate % 2 == 0, f"gate_up_proj rows must be 2I (even), got {double_intermediate}")
+    intermediate = double_intermediate // 2
+    _require(
+        tuple(down_proj.shape) == (num_experts, hidden, intermediate),
+        f"down_proj must be [E={num_experts}, H={hidden}, I={intermediate}], got {tuple(down_proj.shape)}",
+    )
+    _require(gate_up_proj.dtype == x.dtype and down_proj.dtype == x.dtype, f"expert weights must have the dtype of x ({x.dtype}), got {gate_up_proj.dtype} and {down_proj.dtype}")
+    _check_out(out, (num_tokens, hidden), x.dtype, "out")
+    return num_tokens, hidden, top_k, num_experts, intermediate
+
+
 @satisfies("moe/routed-experts", major=1)
 def routed_experts(
     x: torch.Tensor,  # [T, H]
@@ -106,19 +126,7 @@ def routed_experts(
     out: torch.Tensor,  # [T, H]
 ) -> None:
     """out[t] = sum_j w[t, j] * down_e(silu(gate_e x_t) * up_e x_t) with e = topk_ids[t, j]."""
-    _require(x.dim() == 2, f"x must be [T, H], got shape {tuple(x.shape)}")
-    num_tokens, hidden = x.shape
-    top_k = _check_routing(topk_weights, topk_ids, num_tokens)
-    _require(gate_up_proj.dim() == 3 and gate_up_proj.shape[2] == hidden, f"gate_up_proj must be [E, 2I, H={hidden}], got {tuple(gate_up_proj.shape)}")
-    num_experts, double_intermediate = gate_up_proj.shape[:2]
-    intermediate = double_intermediate // 2
-    _require(double_intermediate % 2 == 0, f"gate_up_proj rows must be 2I (even), got {double_intermediate}")
-    _require(
-        tuple(down_proj.shape) == (num_experts, hidden, intermediate),
-        f"down_proj must be [E={num_experts}, H={hidden}, I={intermediate}], got {tuple(down_proj.shape)}",
-    )
-    _require(gate_up_proj.dtype == x.dtype and down_proj.dtype == x.dtype, f"expert weights must have the dtype of x ({x.dtype}), got {gate_up_proj.dtype} and {down_proj.dtype}")
-    _check_out(out, (num_tokens, hidden), x.dtype, "out")
+    num_tokens, hidden, top_k, num_experts, intermediate = check_routed_experts(x, topk_weights, topk_ids, gate_up_proj, down_proj, out)
     _check_expert_range(topk_ids, num_experts)
     source_rows, counts = _group_by_expert(topk_ids, num_experts)
     weights = topk_weights.reshape(-1)

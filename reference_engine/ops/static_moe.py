@@ -24,6 +24,7 @@ from reference_engine.ops.moe import (
     _check_out,
     _check_routing,
     _require,
+    check_routed_experts,
 )
 from reference_engine.ops.registry import satisfies
 from reference_engine.quant.e2m1 import decode_e2m1, unpack_e2m1
@@ -167,28 +168,7 @@ def routed_experts(
     out: torch.Tensor,  # [T, H]
 ) -> None:
     """Same function as `ops.moe.routed_experts`, with shapes fixed by (T, top_k, E) and no host sync."""
-    _require(x.dim() == 2, f"x must be [T, H], got shape {tuple(x.shape)}")
-    num_tokens, hidden = x.shape
-    top_k = _check_routing(topk_weights, topk_ids, num_tokens)
-    _require(
-        gate_up_proj.dim() == 3 and gate_up_proj.shape[2] == hidden,
-        f"gate_up_proj must be [E, 2I, H={hidden}], got {tuple(gate_up_proj.shape)}",
-    )
-    num_experts, double_intermediate = gate_up_proj.shape[:2]
-    _require(
-        double_intermediate % 2 == 0,
-        f"gate_up_proj rows must be 2I (even), got {double_intermediate}",
-    )
-    intermediate = double_intermediate // 2
-    _require(
-        tuple(down_proj.shape) == (num_experts, hidden, intermediate),
-        f"down_proj must be [E={num_experts}, H={hidden}, I={intermediate}], got {tuple(down_proj.shape)}",
-    )
-    _require(
-        gate_up_proj.dtype == x.dtype and down_proj.dtype == x.dtype,
-        f"expert weights must have the dtype of x ({x.dtype}), got {gate_up_proj.dtype} and {down_proj.dtype}",
-    )
-    _check_out(out, (num_tokens, hidden), x.dtype, "out")
+    num_tokens, _, top_k, num_experts, _ = check_routed_experts(x, topk_weights, topk_ids, gate_up_proj, down_proj, out)
     if not capturing(x):
         _check_expert_range(topk_ids, num_experts)
     if num_tokens * top_k >= num_experts:
