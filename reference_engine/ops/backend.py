@@ -19,13 +19,13 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from reference_engine.ops.linear_attention import causal_conv1d_update
+from reference_engine.ops.linear_attention import (  # capturable
+    causal_conv1d_update,
+    gdn_recurrent_decode,
+)
 from reference_engine.ops.moe import router_topk, shared_expert
 from reference_engine.ops.norms import fused_add_rms_norm, gated_rms_norm, rms_norm
 from reference_engine.ops.static_attention import paged_decode
-from reference_engine.ops.static_linear_attention import (
-    gdn_recurrent_decode,  # no repeat_interleave: capturable
-)
 from reference_engine.ops.static_moe import nvfp4_routed_experts, routed_experts
 from reference_engine.quant.linear import w4a16_linear
 

@@ -170,7 +170,16 @@ def _prepare_qk(query: torch.Tensor, key: torch.Tensor, num_v_heads: int) -> tup
     k = key.float()
     q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + L2_EPS) * (q.shape[-1] ** -0.5)
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + L2_EPS)
-    return q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)  # [T, Hv, Dk] each
+    return _expand_heads(q, group), _expand_heads(k, group)  # [T, Hv, Dk] each
+
+
+def _expand_heads(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[T, Hk, D] -> [T, Hk * group, D], key head i serving value heads i*G .. i*G + G - 1.
+
+    expand + reshape rather than repeat_interleave: the same order, and no size read back from the
+    device, so the decode step stays capturable in a CUDA graph."""
+    tokens, num_k_heads, dim = x.shape
+    return x[:, :, None, :].expand(tokens, num_k_heads, group, dim).reshape(tokens, num_k_heads * group, dim)
 
 
 @satisfies("linear-attention/gdn-recurrent-decode", major=1)

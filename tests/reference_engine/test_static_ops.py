@@ -9,11 +9,9 @@ from reference_engine.model.experts import RoutedExperts
 from reference_engine.ops import (
     moe,
     static_attention,
-    static_linear_attention,
     static_moe,
 )
 from reference_engine.ops.backend import torch_ops
-from reference_engine.ops.linear_attention import gdn_recurrent_decode
 from reference_engine.presets import quantized_linear
 
 
@@ -71,20 +69,8 @@ def test_a_wrong_tensor_scale_order_is_caught() -> None:
     assert (wrong - right).abs().max() > 1e-3
 
 
-def test_static_gdn_decode_and_paged_decode_match() -> None:
+def test_static_paged_decode_matches() -> None:
     generator = torch.Generator().manual_seed(3)
-    batch, k_heads, v_heads, dim = 3, 2, 4, 8
-    query, key = torch.randn(batch, k_heads, dim, generator=generator), torch.randn(batch, k_heads, dim, generator=generator)
-    value = torch.randn(batch, v_heads, dim, generator=generator)
-    g, beta = -torch.rand(batch, v_heads, generator=generator), torch.rand(batch, v_heads, generator=generator)
-    state = torch.randn(batch, v_heads, dim, dim, generator=generator)
-    outputs = []
-    for op in (gdn_recurrent_decode, static_linear_attention.gdn_recurrent_decode):
-        out, state_out = torch.full((batch, v_heads, dim), float("nan")), torch.full_like(state, float("nan"))
-        op(query, key, value, g, beta, state, out=out, state_out=state_out)
-        outputs.append((out, state_out))
-    torch.testing.assert_close(outputs[1][0], outputs[0][0])
-    torch.testing.assert_close(outputs[1][1], outputs[0][1])
     # paged decode over a table wider than needed, unused entries pointing anywhere
     k_cache, v_cache = torch.randn(10, 4, 2, 8, generator=generator), torch.randn(10, 4, 2, 8, generator=generator)
     tables = torch.tensor([[3, 1, 9, 9], [0, 9, 9, 9], [5, 6, 7, 2]], dtype=torch.int32)
@@ -96,3 +82,12 @@ def test_static_gdn_decode_and_paged_decode_match() -> None:
     paged_decode(q, k_cache, v_cache, tables, seq_lens, out=expected, scale=8**-0.5)
     static_attention.paged_decode(q, k_cache, v_cache, tables, seq_lens, out=actual, scale=8**-0.5)
     torch.testing.assert_close(actual, expected)
+
+
+def test_gdn_head_expansion_is_grouped_not_tiled() -> None:
+    """The capturable expand + reshape equals repeat_interleave: key head i serves value heads i*G .. i*G + G - 1."""
+    from reference_engine.ops.linear_attention import _expand_heads
+
+    x = torch.randn(5, 3, 7, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(_expand_heads(x, 4), x.repeat_interleave(4, dim=1), rtol=0, atol=0)
+    assert not torch.equal(_expand_heads(x, 4), x.repeat(1, 4, 1))  # the tiled order is a different function

@@ -18,7 +18,7 @@ def test_cpu_gets_the_torch_ops():
     assert set(ops.backends.values()) == {"torch"}
     assert ops.rms_norm.__module__ == "reference_engine.ops.norms"
     # the decode-step fallbacks must be the capturable (static-shape) variants
-    assert ops.gdn_recurrent_decode.__module__ == "reference_engine.ops.static_linear_attention"
+    assert ops.gdn_recurrent_decode.__module__ == "reference_engine.ops.linear_attention"
     assert ops.paged_decode.__module__ == "reference_engine.ops.static_attention"
     assert backend.select_ops("cuda", use_triton=False) == ops  # use_triton=False: the torch ops on any device
 
