@@ -104,6 +104,9 @@ class StaticDecoder:
         self.logits_indices = torch.arange(
             rows, dtype=torch.int64, device=device
         )  # [S]
+        staged = rows * (5 + max_blocks_per_seq)
+        self.staging = torch.zeros(staged, dtype=torch.int64, device=device)  # the step's integers, unpacked by the step
+        self._host = torch.zeros(staged, dtype=torch.int64, pin_memory=device.type == "cuda")  # pinned on CUDA: async copy
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._pool = None
@@ -141,43 +144,45 @@ class StaticDecoder:
         )
 
     def fill(self, plan: SchedulerOutput) -> int:
-        """Copy the plan's integers (and the padding rows) into the static buffers; returns the bucket."""
+        """Stage the plan's integers (and the padding rows) for the step; returns the bucket.
+
+        One host-to-device copy of a pinned buffer into `staging`; the step itself (`_forward`, so also
+        the captured graph) unpacks `staging` into the static input buffers, so a replayed step costs
+        one copy and one graph launch on the host.
+        """
         chunks = plan.chunks
         bucket = bucket_for(len(chunks), self.buckets)
         padding = bucket - len(chunks)
         scratch = self.scratch
         width = self.max_blocks_per_seq
-        ids = [c.token_ids[0] for c in chunks] + [0] * padding
-        positions = [c.start for c in chunks] + [0] * padding
-        slots = [c.slot_mapping[0] for c in chunks] + [
-            scratch.block * scratch.block_size
-        ] * padding
-        seq_lens = [c.start + 1 for c in chunks] + [1] * padding
-        state_slots = [c.state_slot for c in chunks] + [scratch.slot] * padding
-        tables = [
-            list(c.block_table) + [scratch.block] * (width - len(c.block_table))
-            for c in chunks
-        ] + [[scratch.block] * width] * padding
-        host = torch.tensor(
-            ids
-            + positions
-            + slots
-            + seq_lens
-            + state_slots
-            + [b for row in tables for b in row],
-            dtype=torch.int64,
-        )
-        staged = host.to(self.device, non_blocking=True)
-        parts = staged[: 5 * bucket].view(5, bucket)
+        values = (
+            [c.token_ids[0] for c in chunks] + [0] * padding
+            + [c.start for c in chunks] + [0] * padding
+            + [c.slot_mapping[0] for c in chunks] + [scratch.block * scratch.block_size] * padding
+            + [c.start + 1 for c in chunks] + [1] * padding
+            + [c.state_slot for c in chunks] + [scratch.slot] * padding
+        )  # fmt: skip
+        for c in chunks:
+            values += c.block_table
+            values += [scratch.block] * (width - len(c.block_table))
+        values += [scratch.block] * (width * padding)
+        count = len(values)  # 5 * bucket + bucket * width
+        self._host[:count] = torch.tensor(values, dtype=torch.int64)
+        self.staging[:count].copy_(self._host[:count], non_blocking=self._host.is_pinned())
+        return bucket
+
+    def _unpack(self, bucket: int) -> None:
+        """staging -> the static input buffers (inside the graph when captured)."""
+        parts = self.staging[: 5 * bucket].view(5, bucket)
         self.input_ids[:bucket].copy_(parts[0])
         self.positions[:bucket].copy_(parts[1])
         self.slot_mapping[:bucket].copy_(parts[2])
         self.seq_lens[:bucket].copy_(parts[3])
         self.state_slots[:bucket].copy_(parts[4])
-        self.block_tables[:bucket].copy_(staged[5 * bucket :].view(bucket, width))
-        return bucket
+        self.block_tables[:bucket].copy_(self.staging[5 * bucket : 5 * bucket + bucket * self.max_blocks_per_seq].view(bucket, self.max_blocks_per_seq))
 
     def _forward(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self._unpack(bucket)
         logits = self.model.forward(self.batch(bucket), self.caches)  # [b, V] float32
         return logits, logits.argmax(
             dim=-1

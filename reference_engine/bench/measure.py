@@ -104,12 +104,44 @@ class EngineBench:
         }, last_logits
 
     def tpot(self, prompt: list[int]) -> dict:
+        """Median decode step of one request: the runner's step (inputs, graph replay, token to host), the whole
+        engine step (plus scheduler and output bookkeeping), and the GPU time of the batch-1 graph alone."""
         self._run([prompt[:16]], max_tokens=3)  # warm-up: captures the batch-1 graph
         self.recorder.records.clear()
-        self._run([prompt], max_tokens=self.output_tokens)
+        params = SamplingParams(temperature=0, max_tokens=self.output_tokens, ignore_eos=True)
+        self.engine.add_request(prompt_token_ids=prompt, params=params)
+        engine_steps = []
+        while self.engine.has_unfinished():
+            before = len(self.recorder.records)
+            begin = time.perf_counter()
+            self.engine.step()
+            elapsed = time.perf_counter() - begin
+            if len(self.recorder.records) > before and self.recorder.records[-1].is_decode:
+                engine_steps.append(elapsed)
         steps = [r.seconds for r in self.recorder.records if r.is_decode]
         return {"seconds": statistics.median(steps) if steps else float("nan"), "decode_steps": len(steps), "prompt_tokens": len(prompt),
-                "output_tokens": self.output_tokens}  # fmt: skip
+                "output_tokens": self.output_tokens, "engine_step_seconds": statistics.median(engine_steps) if engine_steps else float("nan"),
+                "graph_replay_seconds": self.graph_replay_seconds(1)}  # fmt: skip
+
+    def graph_replay_seconds(self, bucket: int, replays: int = 50) -> float | None:
+        """GPU time of one replay of the captured decode graph of `bucket` rows (CUDA events; None without graphs).
+
+        Replays repeat the last step's inputs (the same cache rows are rewritten), so this is the device
+        time of a step with no host work between steps: the engine's step minus this is host overhead.
+        """
+        decoder = self.recorder.runner.decoder
+        if self.device.type != "cuda" or decoder is None or bucket not in getattr(decoder, "_graphs", {}):
+            return None
+        graph = decoder._graphs[bucket]
+        for _ in range(3):
+            graph.replay()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop) / 1e3 / replays
 
     def throughput(self, batch: int) -> dict:
         prompts = [self._random_prompt(self.batch_prompt_tokens) for _ in range(batch)]
@@ -129,6 +161,7 @@ class EngineBench:
             else float("nan"),
             "decode_steps": len(full),
             "step_seconds_median": statistics.median(full) if full else float("nan"),
+            "graph_replay_seconds": self.graph_replay_seconds(next((b for b in getattr(self.recorder.runner.decoder, "buckets", ()) if b >= batch), batch)),
             "end_to_end_tokens_per_second": batch * self.output_tokens / wall,
             "prompt_tokens": self.batch_prompt_tokens,
             "output_tokens": self.output_tokens,

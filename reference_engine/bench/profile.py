@@ -82,6 +82,7 @@ def profile_decode_step(
         "batch": batch,
         "context_tokens": context_tokens,
         "total_us": total,
+        "launches": sum(row[1] for row in rows),  # kernels (CUDA) or ops (CPU) with recorded time, over the whole step
         "kernels": [
             {
                 "name": name[:120],

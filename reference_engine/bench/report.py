@@ -76,6 +76,17 @@ def markdown(document: dict) -> str:
             f"| {row['figure']} [{row['unit']}] | {_cell(row['ours'])} | {_cell(row['floor'])} | {_cell(row['ours_over_floor'])} | "
             f"{_cell(row['peer'])} | {_cell(row['peer_over_ours'])} |"
         )
+    tpot = (document.get("ours") or {}).get("tpot") or {}
+    if tpot.get("engine_step_seconds") is not None:
+        replay = tpot.get("graph_replay_seconds")
+        lines += [
+            "",
+            (
+                f"Batch-1 decode step: runner {1e3 * tpot['seconds']:.3f} ms (inputs, graph replay, token to host), whole engine step "
+                f"{1e3 * tpot['engine_step_seconds']:.3f} ms (plus scheduler and bookkeeping), GPU time of the graph alone "
+                + (f"{1e3 * replay:.3f} ms (events over repeated replays)." if replay else "not measured (no graph).")
+            ),
+        ]
     peer = document.get("peer")
     lines += [
         "",
@@ -110,7 +121,8 @@ def markdown(document: dict) -> str:
             lines.append(
                 f"| `{name}` | {kernel['calls']} | {kernel['time_us']:.1f} | {100 * kernel['share']:.1f}% |"
             )
-        lines.append(f"\nTotal over all kernels: {profile['total_us']:.1f} us.")
+        launches = profile.get("launches")
+        lines.append(f"\nTotal over all kernels: {profile['total_us']:.1f} us" + (f" in {launches} launches." if launches else "."))
     return "\n".join(lines) + "\n"
 
 

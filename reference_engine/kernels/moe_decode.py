@@ -13,6 +13,16 @@ NVFP4 (`StackedNvfp4Experts`: codes `[E, 2I, H/2]`, E4M3 block scales `[E, 2I, H
 `[E, 2]` for gate and up; down `[E, H, I/2]`, `[E, H, I/16]`, `[E]`), decoded in registers as in
 `nvfp4_gemv`. Repeated ids in a row are summed like distinct ones. Expert ids are range-checked on
 the host except while a CUDA graph is being captured (then out-of-range ids are the caller's bug).
+
+With the shared expert fused in (`SHARED`, NVFP4 only: `nvfp4_experts_with_shared`, `moe_block_decode`)
+each token has top_k + 1 slots: the routing rows are [T, top_k + 1] and the last slot (told by its
+position, never by its id) is the shared expert (`SharedNvfp4Expert`: gate/up codes `[2I, H/2]`,
+scales `[2I, H/16]`, tensor scales `[2]`; down `[H, I/2]`, `[H, I/16]`, `[]`, passed as their own
+pointers, so the routed stack is never copied). The gate/up grid grows to T * (top_k + 1) pairs (a
+uniform branch per program picks the shared tensors) and the down kernel adds
+sigmoid(gate logit) * shared(x_t) to the same float32 sum: the block's output comes out of one kernel.
+`moe_block_decode` runs the whole block in four launches: the router GEMV over `[E+1, H]` (routed
+rows and the shared expert's gate row), `router_topk_with_shared`, and the two kernels here.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from reference_engine.kernels.launch import (
     staging_buffer,
 )
 from reference_engine.kernels.nvfp4_gemv import _decode_e2m1
+from reference_engine.kernels.router import router_topk_with_shared
 from reference_engine.ops.moe import (
     _check_expert_range,
     _check_out,
@@ -36,7 +47,13 @@ from reference_engine.ops.moe import (
     check_routed_experts,
 )
 from reference_engine.ops.registry import satisfies
-from reference_engine.ops.static_moe import StackedNvfp4Experts, capturing
+from reference_engine.ops.static_moe import (
+    SharedNvfp4Expert,
+    StackedNvfp4Experts,
+    capturing,
+    check_experts_with_shared,
+    check_moe_block_decode,
+)
 
 
 @triton.jit
@@ -67,27 +84,54 @@ def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, B
 
 
 @triton.jit
+def _nvfp4_gate_up(
+    w_ptr, scale_ptr, scale_2_ptr, gate_row, row_ok, x_row, H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """(gate, up) [BN] float32: packed gate rows `gate_row` [BN] (int64) and up rows gate_row + I against x_row,
+    times the tensor scales scale_2_ptr[0] (gate) and scale_2_ptr[1] (up)."""
+    gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for byte0 in range(0, H // 2, BLOCK_K):
+        gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+        up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+    return gate * (tl.load(scale_2_ptr) * 16384.0), up * (tl.load(scale_2_ptr + 1) * 16384.0)
+
+
+@triton.jit
+def _routed_nvfp4_gate_up(
+    ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    gate_row = expert * 2 * I + rows  # row index in the [E * 2I, ...] view
+    return _nvfp4_gate_up(w_ptr, scale_ptr, scale_2_ptr + expert * 2, gate_row, row_ok, x_row, H, I, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False,
 ):
-    pair = tl.program_id(0)  # t * TOP_K + j
+    SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K  # slots per token; with SHARED the last one is the shared expert
+    pair = tl.program_id(0)  # t * SLOTS + j
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # gate rows; up rows are I + rows
     row_ok = rows < I
-    token = pair // TOP_K
-    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    token = pair // SLOTS
     x_row = x_ptr + token.to(tl.int64) * H
-    gate_row = expert * 2 * I + rows  # row index in the [E * 2I, ...] view
-    up_row = gate_row + I
-    gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if WEIGHT_NVFP4:
-        for byte0 in range(0, H // 2, BLOCK_K):
-            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
-            up += _nvfp4_rows_dot(w_ptr, scale_ptr, up_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
-        gate *= tl.load(scale_2_ptr + expert * 2) * 16384.0
-        up *= tl.load(scale_2_ptr + expert * 2 + 1) * 16384.0
+        if SHARED:
+            if pair % SLOTS == TOP_K:  # uniform per program: the shared expert's own tensors
+                gate, up = _nvfp4_gate_up(shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, rows.to(tl.int64), row_ok, x_row, H, I, BLOCK_N, BLOCK_K)
+            else:
+                gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K)
+        else:
+            gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K)
     else:
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        gate_row = expert * 2 * I + rows
+        up_row = gate_row + I
+        gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        up = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
             gate += _dense_rows_dot(w_ptr, gate_row * H, row_ok, x_row, H, k0, BLOCK_K)
             up += _dense_rows_dot(w_ptr, up_row * H, row_ok, x_row, H, k0, BLOCK_K)
@@ -99,13 +143,15 @@ def _gate_up_kernel(
 def _down_kernel(
     act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, out_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
+    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False,
 ):
+    SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K
     token = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_ok = rows < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for j in range(TOP_K):
-        pair = token * TOP_K + j
+        pair = token * SLOTS + j
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         weight = tl.load(weights_ptr + pair)
         act_row = act_ptr + pair.to(tl.int64) * I
@@ -119,24 +165,42 @@ def _down_kernel(
             for i0 in range(0, I, BLOCK_I):
                 partial += _dense_rows_dot(w_ptr, down_row * I, row_ok, act_row, I, i0, BLOCK_I)
         acc += weight * partial
+    if SHARED:  # the last slot: the shared expert, weight = sigmoid(its gate logit)
+        pair = token * SLOTS + TOP_K
+        act_row = act_ptr + pair.to(tl.int64) * I
+        partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for byte0 in range(0, I // 2, BLOCK_I):
+            partial += _nvfp4_rows_dot(shared_w_ptr, shared_scale_ptr, rows.to(tl.int64), row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I)
+        acc += tl.load(weights_ptr + pair) * (partial * (tl.load(shared_scale_2_ptr) * 16384.0))
     tl.store(out_ptr + token.to(tl.int64) * H + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
-def _launch(x, topk_weights, topk_ids, gate_up, gate_up_scale, gate_up_scale_2, down, down_scale, down_scale_2, intermediate, out, nvfp4: bool) -> None:
+def _launch(
+    x, topk_weights, topk_ids, gate_up, gate_up_scale, gate_up_scale_2, down, down_scale, down_scale_2, intermediate, out, nvfp4: bool,
+    shared: SharedNvfp4Expert | None = None,
+) -> None:
+    """Both kernels; with `shared` the routing rows are [T, top_k + 1] and the last slot is the shared expert."""
     num_tokens, hidden = x.shape
-    top_k = topk_ids.shape[1]
+    slots = topk_ids.shape[1]
+    top_k = slots - 1 if shared is not None else slots
     if num_tokens == 0:
         return
+    gate_up_shared, down_shared = {}, {}  # extra kernel arguments for the fused shared expert
+    if shared is not None:
+        names = ("shared_w_ptr", "shared_scale_ptr", "shared_scale_2_ptr")
+        gate_up_shared = dict(zip(names, (shared.gate_up_packed, shared.gate_up_scale, shared.gate_up_scale_2))) | {"SHARED": True}
+        down_shared = dict(zip(names, (shared.down_packed, shared.down_scale, shared.down_scale_2))) | {"SHARED": True}
     # Under the interpreter the activation is written in float32 and rounded by torch (the interpreter truncates).
     act_dtype = torch.float32 if interpreting() else x.dtype
-    act = torch.empty(num_tokens * top_k, intermediate, dtype=act_dtype, device=x.device)  # [T*k, I]
+    act = torch.empty(num_tokens * slots, intermediate, dtype=act_dtype, device=x.device)  # [T*slots, I]
     block_n = min(16, triton.next_power_of_2(intermediate))
     block_k = min(128, triton.next_power_of_2(hidden // 2 if nvfp4 else hidden))
     x = x.contiguous()
     ids = topk_ids.contiguous()
-    _gate_up_kernel[(num_tokens * top_k, triton.cdiv(intermediate, block_n))](
+    _gate_up_kernel[(num_tokens * slots, triton.cdiv(intermediate, block_n))](
         x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k,
+        **gate_up_shared,
     )
     if act.dtype != x.dtype:
         act = act.to(x.dtype).to(act_dtype)  # round-to-nearest-even into x's dtype, as on the GPU
@@ -147,6 +211,7 @@ def _launch(x, topk_weights, topk_ids, gate_up, gate_up_scale, gate_up_scale_2, 
     _down_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         act, ids, topk_weights.contiguous(), down, down_scale, down_scale_2, target, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i,
+        **down_shared,
     )
     if target is not buffer:
         buffer.copy_(target)
@@ -204,6 +269,53 @@ def nvfp4_routed_experts(
     if not capturing(x):
         _check_expert_range(topk_ids, num_experts)
     _launch(x, topk_weights, topk_ids, *tensors[:3], *tensors[3:], intermediate, out, nvfp4=True)
+
+
+_STACKED = ("gate_up_packed", "gate_up_scale", "gate_up_scale_2", "down_packed", "down_scale", "down_scale_2")
+_SHARED = _STACKED  # SharedNvfp4Expert has the same fields, without the expert dimension
+
+
+def nvfp4_experts_with_shared(
+    x: torch.Tensor,  # [T, H]
+    topk_weights: torch.Tensor,  # [T, top_k + 1] float32; column top_k: sigmoid(shared gate logit)
+    topk_ids: torch.Tensor,  # [T, top_k + 1] int32; column top_k: E (sentinel, not read: the slot is told by position)
+    experts: StackedNvfp4Experts,
+    shared: SharedNvfp4Expert,
+    out: torch.Tensor,  # [T, H]
+) -> None:
+    """Routed experts plus the weighted shared expert, one float32 sum per output; the signature of
+    `ops.static_moe.nvfp4_experts_with_shared`."""
+    _, _, top_k, intermediate = check_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out)
+    routed = [getattr(experts, name).contiguous() for name in _STACKED]
+    shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
+    require_launchable(x, topk_weights, topk_ids, out, *routed, *vars(shared_tensors).values())
+    if not capturing(x):
+        _check_expert_range(topk_ids[:, :top_k], experts.num_experts)
+    _launch(x, topk_weights, topk_ids, *routed, intermediate, out, nvfp4=True, shared=shared_tensors)
+
+
+def moe_block_decode(
+    x: torch.Tensor,  # [T, H]
+    router_weight: torch.Tensor,  # [E+1, H]: router rows, then shared_expert_gate's row
+    experts: StackedNvfp4Experts,
+    shared: SharedNvfp4Expert,
+    top_k: int,
+    out: torch.Tensor,  # [T, H]
+) -> None:
+    """The whole sparse MoE block for decode in four launches (router GEMV, fused router top-k with the
+    shared slot, gate/up kernel, down kernel); the signature of `ops.static_moe.moe_block_decode`.
+    No host synchronisation: the expert ids come from the router kernel, in range by construction."""
+    check_moe_block_decode(x, router_weight, experts, shared, top_k, out)
+    require_launchable(x, router_weight, out)
+    num_tokens = x.shape[0]
+    logits = torch.nn.functional.linear(x, router_weight)  # [T, E+1]
+    topk_weights = torch.empty(num_tokens, top_k + 1, dtype=torch.float32, device=x.device)
+    topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
+    router_topk_with_shared(logits, topk_weights, topk_ids, top_k)
+    routed = [getattr(experts, name).contiguous() for name in _STACKED]
+    shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
+    require_launchable(x, *routed, *vars(shared_tensors).values())
+    _launch(x, topk_weights, topk_ids, *routed, int(experts.gate_up_packed.shape[1]) // 2, out, nvfp4=True, shared=shared_tensors)
 
 
 def stack_nvfp4_experts(

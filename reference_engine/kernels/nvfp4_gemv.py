@@ -10,8 +10,7 @@ bit), the sign to bit 15, which is the E2M1 value times 2^-14 (subnormal codes i
 2^14 is folded into the tensor scale. The E4M3 block scale is loaded as float8 and converted to
 float32. Products and sums run in float32; the result is written in x's dtype. Split-K partial
 sums go to a float32 workspace reduced by a second tiny kernel (deterministic, no atomics).
-For M > 64 the wrapper dequantises in row slices and calls torch.matmul (the prefill path;
-a tensor-core kernel for it is not written).
+For M > 64 (prefill) the wrappers call the tensor-core GEMM of `nvfp4_gemm.w4a16_gemm`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import triton.language as tl
 
 from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
 from reference_engine.ops.registry import satisfies
-from reference_engine.quant.linear import _check_linear, _matmul_dequantized
+from reference_engine.quant.linear import _check_linear, _check_row_scales
 
 MAX_GEMV_TOKENS = 64
 E2M1_FROM_HALF_BITS = 16384.0  # 2^14: float16 with the E2M1 bits placed at 11..9 is value * 2^-14
@@ -43,6 +42,7 @@ def _w4a16_gemv_kernel(
     M, N, K_BYTES,
     stride_xm, stride_om,
     STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
+    ROW_SCALES: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -53,7 +53,10 @@ def _w4a16_gemv_kernel(
     token_ok = tokens < M
     byte_cols = tl.arange(0, BLOCK_KB)  # [KB] bytes = 2 * KB elements
     block_cols = tl.arange(0, BLOCK_KB // 8)  # [KB/8] scale blocks of 16 elements
-    scale_2 = tl.load(scale_2_ptr) * 16384.0
+    if ROW_SCALES:  # stacked linears: one tensor scale per output row [N]
+        scale_2 = tl.load(scale_2_ptr + rows, mask=row_ok, other=0.0)[:, None] * 16384.0  # [BN, 1]
+    else:
+        scale_2 = tl.load(scale_2_ptr) * 16384.0
     k_blocks = K_BYTES // 8
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(STEPS_PER_SPLIT):
@@ -115,18 +118,21 @@ def plan(tokens: int, rows: int, k_bytes: int, sm_count: int) -> tuple[int, int,
 
 
 def launch_w4a16_gemv(x2d: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor, out2d: torch.Tensor) -> None:
-    """x2d [M, K] (unit stride along K), out2d [M, N] (unit stride along N); no validation."""
+    """x2d [M, K] (unit stride along K), out2d [M, N] (unit stride along N); weight_scale_2 one value or
+    float32 [N] (one per row: stacked linears); no validation."""
     tokens, rows, k_bytes = x2d.shape[0], weight_packed.shape[0], weight_packed.shape[1]
     block_m, block_n, block_kb, split_k = plan(tokens, rows, k_bytes, _sm_count(x2d.device))
     steps = triton.cdiv(k_bytes, block_kb)
     steps_per_split = triton.cdiv(steps, split_k)
-    scale_2 = torch.as_tensor(weight_scale_2, dtype=torch.float32, device=x2d.device).reshape(1)
+    row_scales = torch.as_tensor(weight_scale_2).numel() == rows and rows > 1
+    scale_2 = torch.as_tensor(weight_scale_2, dtype=torch.float32, device=x2d.device).reshape(-1)
     grid = (triton.cdiv(rows, block_n), triton.cdiv(tokens, block_m), split_k)
     target = out2d if split_k == 1 else torch.empty((split_k, tokens, rows), dtype=torch.float32, device=x2d.device)
     _w4a16_gemv_kernel[grid](
         x2d, weight_packed, weight_scale, scale_2, target,
         tokens, rows, k_bytes, x2d.stride(0), out2d.stride(0),
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_KB=block_kb,
+        ROW_SCALES=row_scales,
     )
     if split_k > 1:
         block = 256
@@ -139,8 +145,13 @@ def w4a16_linear(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: tor
     _check_linear(x, weight_packed, weight_scale, weight_scale_2, out)
     require_launchable(x, weight_packed, weight_scale, out)
     x2d = x.reshape(-1, x.shape[-1])
-    if x2d.shape[0] > MAX_GEMV_TOKENS:
-        _matmul_dequantized(x2d.float(), weight_packed, weight_scale, weight_scale_2, out)
+    if x2d.shape[0] > MAX_GEMV_TOKENS:  # prefill: the tensor-core GEMM
+        from reference_engine.kernels.nvfp4_gemm import w4a16_gemm
+
+        out2d = out.view(-1, out.shape[-1]) if out.is_contiguous() else torch.empty((x2d.shape[0], out.shape[-1]), dtype=out.dtype, device=out.device)
+        w4a16_gemm(x2d, weight_packed, weight_scale, weight_scale_2, out2d)
+        if not out.is_contiguous():
+            out.copy_(out2d.view(out.shape))
         return out
     if x2d.shape[0] == 0:
         return out
@@ -154,5 +165,32 @@ def w4a16_linear(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: tor
         buffer.copy_(out2d.view(buffer.shape))
     else:
         launch_w4a16_gemv(x2d, packed, scale, weight_scale_2, out2d)
+    finish(buffer, out)
+    return out
+
+
+def w4a16_linear_rows(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, row_scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Stacked NVFP4 linears (`row_scale_2 [N]`, one tensor scale per output row) in one GEMV launch;
+    the signature of `quant.linear.w4a16_linear_rows` (its torch form, used above 64 tokens)."""
+    _check_linear(x, weight_packed, weight_scale, torch.ones((), dtype=torch.float32), out)
+    _check_row_scales(weight_packed, row_scale_2)
+    require_launchable(x, weight_packed, weight_scale, row_scale_2, out)
+    x2d = x.reshape(-1, x.shape[-1])
+    if x2d.shape[0] > MAX_GEMV_TOKENS:  # prefill: the tensor-core GEMM, one tensor scale per row
+        from reference_engine.kernels.nvfp4_gemm import w4a16_gemm
+
+        out2d = out.view(-1, out.shape[-1]) if out.is_contiguous() else torch.empty((x2d.shape[0], out.shape[-1]), dtype=out.dtype, device=out.device)
+        w4a16_gemm(x2d, weight_packed, weight_scale, row_scale_2, out2d)
+        if not out.is_contiguous():
+            out.copy_(out2d.view(out.shape))
+        return out
+    if x2d.shape[0] == 0:
+        return out
+    x2d = x2d.contiguous()
+    buffer = staging_buffer(out)
+    out2d = buffer.view(-1, buffer.shape[-1]) if buffer.is_contiguous() else torch.empty((x2d.shape[0], weight_packed.shape[0]), dtype=buffer.dtype, device=x.device)
+    launch_w4a16_gemv(x2d, weight_packed.contiguous(), weight_scale.contiguous(), row_scale_2.contiguous(), out2d)
+    if out2d.data_ptr() != buffer.data_ptr():
+        buffer.copy_(out2d.view(buffer.shape))
     finish(buffer, out)
     return out

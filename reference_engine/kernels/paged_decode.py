@@ -81,8 +81,8 @@ def _paged_split_kernel(
 
 
 @triton.jit
-def _combine_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, SPLITS, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                    BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+def _combine_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, gate_ptr, stride_gate, SPLITS, HQ: tl.constexpr, HKV: tl.constexpr,
+                    D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, GATED: tl.constexpr):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     G = HQ // HKV
@@ -98,6 +98,9 @@ def _combine_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, SPLITS, HQ: t
     dims = tl.arange(0, BLOCK_D)
     acc = tl.load(part_acc_ptr + (part[:, None] * BLOCK_G + row) * BLOCK_D + dims[None, :], mask=split_ok[:, None], other=0.0)  # [BS, BD]
     total = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)
+    if GATED:  # the output gate: the second D of head's 2D columns of the q_proj output
+        gate = tl.load(gate_ptr + seq * stride_gate + head * (2 * D) + D + dims, mask=dims < D, other=0.0).to(tl.float32)
+        total = total * tl.sigmoid(gate)
     tl.store(out_ptr + (seq * HQ + head) * D + dims, total.to(out_ptr.dtype.element_ty), mask=dims < D)
 
 
@@ -116,17 +119,7 @@ def plan(batch: int, kv_heads: int, capacity: int, sm_count: int) -> tuple[int, 
     return block_t, tokens_per_split, splits
 
 
-@satisfies("attention/paged-decode", major=1, devices=("cuda",), backend="triton")
-def paged_decode(
-    query: torch.Tensor,  # [B, Hq, D]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
-    block_tables: torch.Tensor,  # [B, max_blocks_per_seq] int32
-    seq_lens: torch.Tensor,  # [B] int32
-    out: torch.Tensor,  # [B, Hq, D]
-    scale: float,
-) -> torch.Tensor:
-    """One query per sequence over its first seq_lens cached tokens; query/out [B, Hq, D]."""
+def _check_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale) -> None:
     _require(query.dim() == 3, f"query must be [B, heads, head_dim], got shape {tuple(query.shape)}")
     _require(k_cache.dim() == 4, f"k_cache must be [num_blocks, block_size, kv_heads, head_dim], got shape {tuple(k_cache.shape)}")
     _require(block_tables.dim() == 2, f"block_tables must be [B, max_blocks_per_seq], got shape {tuple(block_tables.shape)}")
@@ -135,13 +128,15 @@ def paged_decode(
     else:
         _require(seq_lens.dim() == 1 and seq_lens.shape[0] == query.shape[0], f"seq_lens must be [{query.shape[0]}], got shape {tuple(seq_lens.shape)}")
         _require(k_cache.dtype == query.dtype and v_cache.shape == k_cache.shape and v_cache.dtype == k_cache.dtype, "k_cache and v_cache must match each other and the query's dtype")
-    _check_like("out", out, tuple(query.shape), query.dtype, query.device)
     _require(scale > 0, f"scale must be positive, got {scale}")
-    require_launchable(query, k_cache, v_cache, block_tables, seq_lens, out)
+
+
+def _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate) -> None:
+    """Split kernel then combine kernel (which applies sigmoid(gate) when `gate` is given); out [B, Hq, D] or [B, Hq * D]."""
     batch, query_heads, head_dim = query.shape
     _, block_size, kv_heads, _ = k_cache.shape
     if batch == 0:
-        return out
+        return
     block_g = max(16, triton.next_power_of_2(query_heads // kv_heads))
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_t, tokens_per_split, splits = plan(batch, kv_heads, block_tables.shape[1] * block_size, _sm_count(query.device))
@@ -160,10 +155,51 @@ def paged_decode(
     buffer = staging_buffer(out)
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
     _combine_kernel[(batch, query_heads)](
-        part_acc, part_m, part_l, target, splits, HQ=query_heads, HKV=kv_heads, D=head_dim,
-        BLOCK_S=triton.next_power_of_2(splits), BLOCK_G=block_g, BLOCK_D=block_d,
+        part_acc, part_m, part_l, target, query if gate is None else gate, 0 if gate is None else gate.stride(0), splits,
+        HQ=query_heads, HKV=kv_heads, D=head_dim, BLOCK_S=triton.next_power_of_2(splits), BLOCK_G=block_g, BLOCK_D=block_d,
+        GATED=gate is not None,
     )
     if target is not buffer:
         buffer.copy_(target)
     finish(buffer, out)
+
+
+@satisfies("attention/paged-decode", major=1, devices=("cuda",), backend="triton")
+def paged_decode(
+    query: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    block_tables: torch.Tensor,  # [B, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    out: torch.Tensor,  # [B, Hq, D]
+    scale: float,
+) -> torch.Tensor:
+    """One query per sequence over its first seq_lens cached tokens; query/out [B, Hq, D]."""
+    _check_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale)
+    _check_like("out", out, tuple(query.shape), query.dtype, query.device)
+    require_launchable(query, k_cache, v_cache, block_tables, seq_lens, out)
+    _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate=None)
+    return out
+
+
+def paged_decode_gated(
+    query: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    q_gate: torch.Tensor,  # [B, Hq * 2D] (rows may be strided): per head [query D | gate D]
+    out: torch.Tensor,  # [B, Hq * D]
+    scale: float,
+) -> torch.Tensor:
+    """paged_decode(query) * sigmoid(gate) in one split + one combine launch; the signature of
+    `ops.static_attention.paged_decode_gated`."""
+    _check_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale)
+    batch, heads, head_dim = query.shape
+    _require(q_gate.dim() == 2 and tuple(q_gate.shape) == (batch, heads * 2 * head_dim) and q_gate.stride(1) == 1,
+             f"q_gate must be [{batch}, {heads * 2 * head_dim}] with unit stride along features, got {tuple(q_gate.shape)}")  # fmt: skip
+    _require(q_gate.dtype == query.dtype, f"q_gate must have the query's dtype {query.dtype}, got {q_gate.dtype}")
+    _check_like("out", out, (batch, heads * head_dim), query.dtype, query.device)
+    require_launchable(query, k_cache, v_cache, block_tables, seq_lens, q_gate, out)
+    _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate=q_gate)
     return out

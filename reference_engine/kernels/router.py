@@ -7,6 +7,11 @@ float32 probabilities except for logits within an ulp of each other. The weights
 exp(l_i - l_max) over their sum across the chosen experts: the full softmax's normaliser cancels
 in the renormalisation, so it is never computed. Rows come out in decreasing order, ties toward
 the lower index, as the torch op orders them.
+
+With `WITH_SHARED` (`router_topk_with_shared`) the logits row has E+1 columns: the softmax and the
+top-k still read columns 0..E-1 only, and the program also reads column E (the shared expert's gate
+logit) and writes a (top_k+1)-th slot: id E (sentinel: "shared expert"), weight sigmoid(logit E)
+in float32. Output rows are then top_k+1 wide.
 """
 
 from __future__ import annotations
@@ -16,13 +21,17 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import require_launchable
-from reference_engine.ops.moe import _check_out, _require
+from reference_engine.ops.moe import _check_out, _require, check_router_with_shared
 from reference_engine.ops.registry import satisfies
 
 
 @triton.jit
-def _router_topk_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_t, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+def _router_topk_kernel(
+    logits_ptr, weights_ptr, ids_ptr, E, stride_t, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    WITH_SHARED: tl.constexpr = False,
+):
     token = tl.program_id(0).to(tl.int64)
+    ROW: tl.constexpr = TOP_K + 1 if WITH_SHARED else TOP_K  # output row width
     experts = tl.arange(0, BLOCK_E)
     valid = experts < E
     logits = tl.load(logits_ptr + token * stride_t + experts, mask=valid, other=float("-inf")).to(tl.float32)  # [BE]
@@ -41,8 +50,12 @@ def _router_topk_kernel(logits_ptr, weights_ptr, ids_ptr, E, stride_t, TOP_K: tl
     numerators = tl.where(slots < TOP_K, tl.exp(chosen_logits - top), 0.0)
     weights = numerators / tl.sum(numerators, axis=0)
     keep = slots < TOP_K
-    tl.store(weights_ptr + token * TOP_K + slots, weights, mask=keep)
-    tl.store(ids_ptr + token * TOP_K + slots, chosen_ids, mask=keep)
+    tl.store(weights_ptr + token * ROW + slots, weights, mask=keep)
+    tl.store(ids_ptr + token * ROW + slots, chosen_ids, mask=keep)
+    if WITH_SHARED:
+        shared_logit = tl.load(logits_ptr + token * stride_t + E).to(tl.float32)
+        tl.store(weights_ptr + token * ROW + TOP_K, tl.sigmoid(shared_logit))
+        tl.store(ids_ptr + token * ROW + TOP_K, E)
 
 
 @satisfies("moe/router-topk", major=1, devices=("cuda",), backend="triton")
@@ -59,6 +72,11 @@ def router_topk(
     _check_out(topk_weights, (num_tokens, top_k), torch.float32, "topk_weights")
     _check_out(topk_ids, (num_tokens, top_k), torch.int32, "topk_ids")
     require_launchable(router_logits, topk_weights, topk_ids)
+    _launch(router_logits, topk_weights, topk_ids, num_experts, top_k, with_shared=False)
+
+
+def _launch(router_logits, topk_weights, topk_ids, num_experts: int, top_k: int, with_shared: bool) -> None:
+    num_tokens = router_logits.shape[0]
     if num_tokens == 0:
         return
     logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
@@ -66,9 +84,21 @@ def router_topk(
     ids = topk_ids if topk_ids.is_contiguous() else torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
     _router_topk_kernel[(num_tokens,)](
         logits, weights, ids, num_experts, logits.stride(0),
-        TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
+        TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k), WITH_SHARED=with_shared,
     )
     if weights is not topk_weights:
         topk_weights.copy_(weights)
     if ids is not topk_ids:
         topk_ids.copy_(ids)
+
+
+def router_topk_with_shared(
+    router_logits: torch.Tensor,  # [T, E+1]: routed logits, then the shared expert's gate logit
+    topk_weights: torch.Tensor,  # [T, top_k + 1] float32
+    topk_ids: torch.Tensor,  # [T, top_k + 1] int32
+    top_k: int,
+) -> None:
+    """Slots 0..top_k-1 as `router_topk` over the first E columns; slot top_k: id E, weight sigmoid(logit E)."""
+    _, num_experts = check_router_with_shared(router_logits, topk_weights, topk_ids, top_k)
+    require_launchable(router_logits, topk_weights, topk_ids)
+    _launch(router_logits, topk_weights, topk_ids, num_experts, top_k, with_shared=True)

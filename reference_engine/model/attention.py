@@ -15,6 +15,7 @@ from reference_engine.cache.kv_write import write_kv
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.linear import Linear
+from reference_engine.model.stacked_linear import StackedLinear
 from reference_engine.ops import static_attention
 from reference_engine.ops.attention import (
     output_gate,
@@ -41,11 +42,26 @@ class GatedAttention:
     rotary_dim: int
     rope_theta: float
     eps: float
+    qkv: StackedLinear | None = None  # q_proj, k_proj, v_proj stacked (their Linears are views of it): one decode GEMV
+
+    def _decode_fused(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, ops) -> torch.Tensor:
+        """Static decode (CUDA graphs): stacked q/k/v GEMV, one prep launch (norms, RoPE, KV write), gated paged decode, o_proj."""
+        num_tokens, heads, head_dim = x.shape[0], self.num_heads, self.head_dim
+        q_gate, key, value = self.qkv(x, ops)  # [T, Hq*2D], [T, Hkv*D], [T, Hkv*D] (views of one output)
+        k_cache, v_cache = caches.k_cache[self.layer_index], caches.v_cache[self.layer_index]
+        query = torch.empty(num_tokens, heads, head_dim, dtype=x.dtype, device=x.device)  # [T, Hq, D]
+        ops.attention_decode_prep(q_gate, key, value, self.q_norm, self.k_norm, batch.positions, k_cache, v_cache, batch.slot_mapping,
+                                  query_out=query, eps=self.eps, rotary_dim=self.rotary_dim, theta=self.rope_theta)  # fmt: skip
+        gated = torch.empty(num_tokens, heads * head_dim, dtype=x.dtype, device=x.device)  # [T, Hq * D]
+        ops.paged_decode_gated(query, k_cache, v_cache, batch.block_tables, batch.seq_lens, q_gate, out=gated, scale=head_dim**-0.5)
+        return self.o_proj(gated, ops)
 
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """x [T, H] -> [T, H]; writes the new tokens' K/V into this layer's cache."""
         num_tokens, heads, kv_heads, head_dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
+        if ops is not None and self.qkv is not None:
+            return self._decode_fused(x, batch, caches, ops)
         norm = ops.rms_norm if ops is not None else rms_norm
         query_gate = self.q_proj(x, ops)  # [T, Hq * 2D]
         query = torch.empty(num_tokens, heads, head_dim, dtype=x.dtype, device=x.device)  # [T, Hq, D]

@@ -19,6 +19,7 @@ from reference_engine.model.gated_deltanet import GatedDeltaNet
 from reference_engine.model.linear import Linear
 from reference_engine.model.moe_block import SparseMoeBlock
 from reference_engine.model.qwen3_5_moe import Qwen35MoeModel
+from reference_engine.model.stacked_linear import stack_linears
 from reference_engine.model.spec import expected_parameters
 
 
@@ -50,18 +51,26 @@ def build_model(config: ModelConfig, params: dict[str, Any]) -> Qwen35MoeModel:
         p = f"layers.{i}."
         if kind == "full_attention":
             a = p + "self_attn."
+            projections = (params[a + "q_proj"], params[a + "k_proj"], params[a + "v_proj"])
+            stacked = stack_linears(projections)  # one decode GEMV; the three Linears become views of it
+            qkv, projections = (None, projections) if stacked is None else stacked
             mixer: GatedAttention | GatedDeltaNet = GatedAttention(
-                i, params[a + "q_proj"], params[a + "k_proj"], params[a + "v_proj"], params[a + "o_proj"],
+                i, *projections, params[a + "o_proj"],
                 params[a + "q_norm.weight"], params[a + "k_norm.weight"], c.num_attention_heads, c.num_kv_heads,
-                c.head_dim, c.rotary_dim, c.rope_theta, eps,
+                c.head_dim, c.rotary_dim, c.rope_theta, eps, qkv=qkv,
             )  # fmt: skip
         else:
             g = p + "linear_attn."
+            qkv_z = stack_linears((params[g + "in_proj_qkv"], params[g + "in_proj_z"]))  # decode GEMVs stacked; Linears become views
+            qkv, z = (params[g + "in_proj_qkv"], params[g + "in_proj_z"]) if qkv_z is None else qkv_z[1]
+            b_a = stack_linears((params[g + "in_proj_b"], params[g + "in_proj_a"]))
+            b, a_proj = (params[g + "in_proj_b"], params[g + "in_proj_a"]) if b_a is None else b_a[1]
             mixer = GatedDeltaNet(
-                i, params[g + "in_proj_qkv"], params[g + "in_proj_z"], params[g + "in_proj_b"], params[g + "in_proj_a"],
+                i, qkv, z, b, a_proj,
                 params[g + "conv1d.weight"][:, 0, :].contiguous(), params[g + "A_log"], params[g + "dt_bias"],
                 params[g + "norm.weight"], params[g + "out_proj"], c.linear_num_key_heads, c.linear_num_value_heads,
                 c.linear_key_head_dim, c.linear_value_head_dim, eps,
+                in_proj_qkvz=None if qkv_z is None else qkv_z[0], in_proj_ba=None if b_a is None else b_a[0],
             )  # fmt: skip
         m = p + "mlp."
         mlp = SparseMoeBlock(

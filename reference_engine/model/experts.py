@@ -3,7 +3,9 @@
 Dense: `gate_up_proj [E, 2I, H]` (rows 0:I gate, I:2I up) and `down_proj [E, H, I]`, run by the
 `routed_experts` op. NVFP4: per expert `gate`, `up`, `down` Linears (as quantised checkpoints store
 them, each with its own tensor scale). The touched experts are dequantised to a compact dense stack
-and handed to the same op with remapped ids: correct everywhere, not the fast path.
+and handed to the same op with remapped ids: correct everywhere, not the fast path. On CUDA tensors
+the stacked NVFP4 experts (below) run the grouped tensor-core kernels of `kernels/nvfp4_gemm.py` instead
+(eager prefill; the torch path remains the CPU path and the fallback without Triton).
 Per-expert NVFP4 weights are stacked once on an expert dimension (`stacked`; the per-expert Linears
 become views of the stack, so nothing is held twice). Given `ops` (an ops.backend.OpSet: the CUDA-graph
 decode path) its capturable routed-experts ops run instead: no host sync, shapes fixed by the batch.
@@ -83,6 +85,13 @@ class RoutedExperts:
             return out
         if self.is_fused_dense:
             return routed_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, out=out)
+        if self.stacked is not None and x.is_cuda:  # eager prefill on the GPU: grouped tensor-core GEMMs
+            try:
+                from reference_engine.kernels.nvfp4_gemm import nvfp4_moe_prefill
+            except ImportError:  # no Triton: the per-expert torch path below
+                nvfp4_moe_prefill = None
+            if nvfp4_moe_prefill is not None:
+                return nvfp4_moe_prefill(x, topk_weights, topk_ids, self.stacked, out=out)
         touched = torch.unique(topk_ids.long())  # [E'] sorted
         remap = torch.full((self.num_experts,), -1, dtype=torch.int32, device=x.device)  # [E]
         remap[touched] = torch.arange(touched.numel(), dtype=torch.int32, device=x.device)

@@ -3,7 +3,9 @@
 in_proj_qkv -> depthwise causal conv1d + SiLU (state: the last K-1 inputs) -> split q, k, v ->
 gates g, beta -> delta-rule recurrence (state [Hv, Dk, Dv] float32; the op L2-normalises q, k)
 -> gated RMSNorm with z per head -> out_proj. States are gathered from `caches` at the batch's
-state slots (zeros on a sequence's first chunk), updated by the ops, and scattered back.
+state slots (zeros on a sequence's first chunk), updated by the ops, and scattered back. The static
+(CUDA-graph) decode path, `batch.ops` set, instead calls `ops.gdn_decode_step`, which does the whole
+step between the projections with the states updated in place in the pools.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.linear import Linear
+from reference_engine.model.stacked_linear import StackedLinear
 from reference_engine.ops.linear_attention import (
     causal_conv1d,
     causal_conv1d_update,
@@ -42,6 +45,20 @@ class GatedDeltaNet:
     k_head_dim: int
     v_head_dim: int
     eps: float
+    in_proj_qkvz: StackedLinear | None = None  # in_proj_qkv + in_proj_z stacked (their Linears are views): one decode GEMV
+    in_proj_ba: StackedLinear | None = None  # in_proj_b + in_proj_a stacked likewise
+
+    def _decode_projections(self, x: torch.Tensor, ops) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """mixed [T, C], z [T, Hv*Dv], b [T, Hv], a [T, Hv]: from the stacks where built (strided views), else one by one."""
+        if self.in_proj_qkvz is not None:
+            mixed, z_flat = self.in_proj_qkvz(x, ops)
+        else:
+            mixed, z_flat = self.in_proj_qkv(x, ops), self.in_proj_z(x, ops)
+        if self.in_proj_ba is not None:
+            b, a = self.in_proj_ba(x, ops)
+        else:
+            b, a = self.in_proj_b(x, ops), self.in_proj_a(x, ops)
+        return mixed, z_flat, b, a
 
     def _initial_states(self, batch: ForwardBatch, caches: ModelCaches) -> tuple[torch.Tensor, torch.Tensor]:
         slots = batch.state_slots
@@ -56,17 +73,25 @@ class GatedDeltaNet:
         num_tokens = x.shape[0]
         key_dim = self.num_k_heads * self.k_head_dim
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
+        if ops is not None and batch.is_decode:  # static decode (T = B): one fused op, both states updated in place at the slots
+            mixed, z_flat, b, a = self._decode_projections(x, ops)  # [T, C], [T, Hv*Dv], [T, Hv], [T, Hv] (views)
+            core = torch.empty_like(z_flat, memory_format=torch.contiguous_format)  # [B, Hv * Dv]
+            ops.gdn_decode_step(
+                mixed, z_flat, b, a, self.conv_weight, self.A_log, self.dt_bias,
+                self.norm_weight, caches.conv_state[self.layer_index], caches.recurrent_state[self.layer_index],
+                batch.state_slots, batch.has_initial_state, out=core, eps=self.eps,
+            )  # fmt: skip
+            return self.out_proj(core, ops)
         mixed = self.in_proj_qkv(x, ops)  # [T, C]
-        z = self.in_proj_z(x, ops).view(num_tokens, self.num_v_heads, self.v_head_dim)  # [T, Hv, Dv]
+        z_flat = self.in_proj_z(x, ops)  # [T, Hv * Dv]
         b = self.in_proj_b(x, ops)  # [T, Hv]
         a = self.in_proj_a(x, ops)  # [T, Hv]
+        z = z_flat.view(num_tokens, self.num_v_heads, self.v_head_dim)  # [T, Hv, Dv]
         conv_in, state_in = self._initial_states(batch, caches)
 
         conv_out = torch.empty_like(mixed)  # [T, C]
         conv_state_out = torch.empty_like(conv_in)  # [B, C, K-1]
-        if ops is not None:
-            ops.causal_conv1d_update(mixed, self.conv_weight, conv_in, out=conv_out, conv_state_out=conv_state_out)
-        elif batch.is_decode:
+        if batch.is_decode:
             causal_conv1d_update(mixed, self.conv_weight, conv_in, out=conv_out, conv_state_out=conv_state_out)
         else:
             causal_conv1d(mixed, self.conv_weight, batch.cu_seqlens_q, conv_in, out=conv_out, final_state=conv_state_out)
@@ -81,14 +106,12 @@ class GatedDeltaNet:
 
         core = torch.empty(num_tokens, self.num_v_heads, self.v_head_dim, dtype=x.dtype, device=x.device)  # [T, Hv, Dv]
         state_out = torch.empty_like(state_in)  # [B, Hv, Dk, Dv]
-        if ops is not None:  # CUDA-graph decode: a capturable variant
-            ops.gdn_recurrent_decode(query, key, value, g, beta, state_in, out=core, state_out=state_out)
-        elif batch.is_decode:
+        if batch.is_decode:
             gdn_recurrent_decode(query, key, value, g, beta, state_in, out=core, state_out=state_out)
         else:
             gdn_chunked_prefill(query, key, value, g, beta, batch.cu_seqlens_q, state_in, out=core, final_state=state_out)
         caches.recurrent_state[self.layer_index][batch.state_slots] = state_out
 
         normed = torch.empty_like(core)  # [T, Hv, Dv]
-        (ops.gated_rms_norm if ops is not None else gated_rms_norm)(core, z.contiguous(), self.norm_weight, out=normed, eps=self.eps)
+        gated_rms_norm(core, z.contiguous(), self.norm_weight, out=normed, eps=self.eps)
         return self.out_proj(normed.view(num_tokens, self.num_v_heads * self.v_head_dim), ops)

@@ -15,6 +15,20 @@ import torch
 from reference_engine.quant.linear import w4a4_linear, w4a16_linear
 from reference_engine.quant.nvfp4 import dequantize_nvfp4
 
+_PREFILL_MIN_ROWS = 64  # kernels.nvfp4_gemv.MAX_GEMV_TOKENS: above it the Triton op runs the GEMM
+
+
+def _eager_w4a16(x: torch.Tensor):
+    """The eager W4A16 op for x [M, K]: on CUDA with M > 64 (prefill) the Triton one, which runs the
+    tensor-core GEMM there; otherwise (CPU, decode-sized M, no Triton) the torch op."""
+    if x.is_cuda and x.shape[0] > _PREFILL_MIN_ROWS:
+        try:
+            from reference_engine.kernels import nvfp4_gemv
+        except ImportError:  # no Triton
+            return w4a16_linear
+        return nvfp4_gemv.w4a16_linear
+    return w4a16_linear
+
 
 @dataclass(frozen=True)
 class Linear:
@@ -73,8 +87,10 @@ class Linear:
         out = torch.empty(flat.shape[0], self.out_features, dtype=x.dtype, device=x.device)  # [M, N]
         if self.activation_nvfp4:
             w4a4_linear(flat, self.weight_packed, self.weight_scale, self.weight_scale_2, self.input_scale, out=out)
+        elif ops is not None:
+            ops.w4a16_linear(flat, self.weight_packed, self.weight_scale, self.weight_scale_2, out=out)
         else:
-            (ops.w4a16_linear if ops is not None else w4a16_linear)(flat, self.weight_packed, self.weight_scale, self.weight_scale_2, out=out)
+            _eager_w4a16(flat)(flat, self.weight_packed, self.weight_scale, self.weight_scale_2, out=out)
         return out.view(*x.shape[:-1], self.out_features)
 
     def nbytes(self) -> int:

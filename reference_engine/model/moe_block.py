@@ -1,6 +1,17 @@
 """The sparse MoE block: softmax top-k router, routed experts, and the sigmoid-gated shared expert.
 
 `out = sum_k w_k expert_{id_k}(x) + sigmoid(x @ shared_expert_gate^T) * shared_expert(x)`.
+
+Fused decode form (built once in `__post_init__`, used when `ops` is given, i.e. on the static /
+CUDA-graph decode path): when the routed experts are stacked NVFP4 (`experts.stacked`), the shared
+expert is NVFP4 W4A16 with the routed experts' intermediate size, and the router and
+`shared_expert_gate` are dense in one dtype, the block keeps
+- `router_weight [E+1, H]` = cat(gate.weight, shared_expert_gate.weight); `gate` and
+  `shared_expert_gate` are rebound as views of it (nothing held twice);
+- `shared_nvfp4` (`SharedNvfp4Expert`): the shared expert's gate and up concatenated, down as is;
+  the three shared Linears are rebound as views of it;
+and `ops.moe_block_decode` computes the whole block (router, top-k, routed and shared experts, the
+weighted sum) in one op. Any other combination keeps the composed path below.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ import torch
 from reference_engine.model.experts import RoutedExperts
 from reference_engine.model.linear import Linear
 from reference_engine.ops.moe import router_topk, shared_expert
+from reference_engine.ops.static_moe import SharedNvfp4Expert
 
 
 @dataclass(frozen=True)
@@ -23,10 +35,62 @@ class SparseMoeBlock:
     shared_down_proj: Linear  # [H, Is]
     shared_expert_gate: Linear  # [1, H]
     top_k: int
+    # The fused decode form, set by __post_init__ when the block is fusable (plain attributes, not dataclass
+    # fields: `dataclasses.replace` builds a new block whose __post_init__ fuses it again).
+    router_weight = None  # torch.Tensor [E+1, H] | None
+    shared_nvfp4 = None  # SharedNvfp4Expert | None
+
+    def __post_init__(self) -> None:
+        if self._fusable():
+            self._build_fused_form()
+
+    def _fusable(self) -> bool:
+        """True when `ops.moe_block_decode` can run this block (see the module docstring)."""
+        shared = (self.shared_gate_proj, self.shared_up_proj, self.shared_down_proj)
+        router = (self.gate, self.shared_expert_gate)
+        return (
+            self.experts.stacked is not None
+            and all(linear.is_nvfp4 and not linear.activation_nvfp4 for linear in shared)
+            and self.shared_gate_proj.out_features == self.shared_up_proj.out_features == self.shared_down_proj.in_features == self.experts.intermediate_size
+            and all(linear.weight is not None for linear in router)
+            and self.gate.weight.dtype == self.shared_expert_gate.weight.dtype
+            and self.gate.weight.device == self.shared_expert_gate.weight.device
+        )
+
+    def _build_fused_form(self) -> None:
+        """Concatenate router + shared gate rows and the shared gate + up weights once; rebind the Linears as views."""
+        num_experts = self.gate.out_features
+        router_weight = torch.cat([self.gate.weight, self.shared_expert_gate.weight]).contiguous()  # [E+1, H]
+        gate, up, down = self.shared_gate_proj, self.shared_up_proj, self.shared_down_proj
+        shared = SharedNvfp4Expert.concatenate(
+            (gate.weight_packed, gate.weight_scale, gate.weight_scale_2),
+            (up.weight_packed, up.weight_scale, up.weight_scale_2),
+            (down.weight_packed, down.weight_scale, down.weight_scale_2),
+        )
+        intermediate = shared.intermediate_size
+
+        def view(source: Linear, rows: slice, packed, scale, scale_2) -> Linear:
+            return Linear(source.out_features, source.in_features, weight_packed=packed[rows], weight_scale=scale[rows], weight_scale_2=scale_2, input_scale=source.input_scale)
+
+        rebound = {
+            "router_weight": router_weight,
+            "shared_nvfp4": shared,
+            "gate": Linear.dense(router_weight[:num_experts]),
+            "shared_expert_gate": Linear.dense(router_weight[num_experts:]),
+            "shared_gate_proj": view(gate, slice(0, intermediate), shared.gate_up_packed, shared.gate_up_scale, shared.gate_up_scale_2[0]),
+            "shared_up_proj": view(up, slice(intermediate, 2 * intermediate), shared.gate_up_packed, shared.gate_up_scale, shared.gate_up_scale_2[1]),
+            "shared_down_proj": view(down, slice(None), shared.down_packed, shared.down_scale, shared.down_scale_2),
+        }
+        for name, value in rebound.items():
+            object.__setattr__(self, name, value)
 
     def __call__(self, x: torch.Tensor, ops=None) -> torch.Tensor:
         """x [T, H] -> [T, H]; `ops` (an ops.backend.OpSet, CUDA-graph decode only) supplies capturable ops."""
         num_tokens = x.shape[0]
+        if ops is not None and self.shared_nvfp4 is not None:  # the whole block in one op
+            out = torch.empty_like(x)  # [T, H]
+            ops.moe_block_decode(x, self.router_weight, self.experts.stacked, self.shared_nvfp4, self.top_k, out=out)
+            return out
         router_logits = self.gate(x, ops)  # [T, E]
         topk_weights = torch.empty(num_tokens, self.top_k, dtype=torch.float32, device=x.device)  # [T, k]
         topk_ids = torch.empty(num_tokens, self.top_k, dtype=torch.int32, device=x.device)  # [T, k]

@@ -21,13 +21,14 @@ from dataclasses import dataclass, field, replace
 
 from reference_engine.ops.linear_attention import (  # capturable
     causal_conv1d_update,
+    gdn_decode_step,
     gdn_recurrent_decode,
 )
 from reference_engine.ops.moe import router_topk, shared_expert
 from reference_engine.ops.norms import fused_add_rms_norm, gated_rms_norm, rms_norm
-from reference_engine.ops.static_attention import paged_decode
-from reference_engine.ops.static_moe import nvfp4_routed_experts, routed_experts
-from reference_engine.quant.linear import w4a16_linear
+from reference_engine.ops.static_attention import attention_decode_prep, paged_decode, paged_decode_gated
+from reference_engine.ops.static_moe import moe_block_decode, nvfp4_routed_experts, routed_experts
+from reference_engine.quant.linear import w4a16_linear, w4a16_linear_rows
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,16 @@ class OpSet:
     router_topk: Callable
     routed_experts: Callable  # dense weights [E, 2I, H] / [E, H, I]
     nvfp4_routed_experts: Callable  # (x, topk_weights, topk_ids, experts: StackedNvfp4Experts, out)
+    moe_block_decode: Callable  # (x, router_weight [E+1, H], experts, shared: SharedNvfp4Expert, top_k, out): the whole MoE block
     shared_expert: Callable
     w4a16_linear: Callable
     paged_decode: Callable
     gdn_recurrent_decode: Callable
+    gdn_decode_step: Callable  # the whole GDN decode step, states in place in the pools
     causal_conv1d_update: Callable
+    w4a16_linear_rows: Callable  # stacked NVFP4 linears, one tensor scale per output row
+    attention_decode_prep: Callable  # q/k norms, partial RoPE, K/V cache write
+    paged_decode_gated: Callable  # paged decode times sigmoid(output gate)
     backends: dict[str, str] = field(default_factory=dict, compare=False)
 
 
@@ -53,12 +59,17 @@ TRITON_KERNELS: dict[str, tuple[str, str]] = {
     "w4a16_linear": ("nvfp4_gemv", "w4a16_linear"),
     "routed_experts": ("moe_decode", "routed_experts"),
     "nvfp4_routed_experts": ("moe_decode", "nvfp4_routed_experts"),
+    "moe_block_decode": ("moe_decode", "moe_block_decode"),
     "router_topk": ("router", "router_topk"),
     "gdn_recurrent_decode": ("gdn_decode", "gdn_recurrent_decode"),
+    "gdn_decode_step": ("gdn_decode_step", "gdn_decode_step"),
     "paged_decode": ("paged_decode", "paged_decode"),
     "rms_norm": ("norms", "rms_norm"),
     "fused_add_rms_norm": ("norms", "fused_add_rms_norm"),
     "gated_rms_norm": ("norms", "gated_rms_norm"),
+    "w4a16_linear_rows": ("nvfp4_gemv", "w4a16_linear_rows"),
+    "attention_decode_prep": ("attention_prep", "attention_decode_prep"),
+    "paged_decode_gated": ("paged_decode", "paged_decode_gated"),
 }
 
 
@@ -71,11 +82,16 @@ def torch_ops() -> OpSet:
         router_topk=router_topk,
         routed_experts=routed_experts,
         nvfp4_routed_experts=nvfp4_routed_experts,
+        moe_block_decode=moe_block_decode,
         shared_expert=shared_expert,
         w4a16_linear=w4a16_linear,
         paged_decode=paged_decode,
         gdn_recurrent_decode=gdn_recurrent_decode,
+        gdn_decode_step=gdn_decode_step,
         causal_conv1d_update=causal_conv1d_update,
+        w4a16_linear_rows=w4a16_linear_rows,
+        attention_decode_prep=attention_decode_prep,
+        paged_decode_gated=paged_decode_gated,
     )
     return replace(ops, backends={name: "torch" for name in TRITON_KERNELS} | {"shared_expert": "torch", "causal_conv1d_update": "torch"})
 

@@ -14,10 +14,12 @@ Layouts (see contracts/linear-attention/*.yaml):
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from reference_engine.ops.norms import gated_rms_norm
 from reference_engine.ops.registry import satisfies
 
 L2_EPS = 1e-6
@@ -287,3 +289,121 @@ def gdn_chunked_prefill(
     real = rows < tokens
     out[rows[real]] = flat[real].to(out.dtype)
     final_state.copy_(states)
+
+
+# ------------------------------------------------------------------------------- fused decode step
+
+
+@dataclass(frozen=True)
+class GdnStepDims:
+    """Sizes of one Gated DeltaNet decode step, read from the shapes of its arguments."""
+
+    batch: int  # B
+    channels: int  # C = 2 * Hk * Dk + Hv * Dv
+    kernel: int  # K (conv taps)
+    num_k_heads: int  # Hk
+    num_v_heads: int  # Hv
+    k_head_dim: int  # Dk
+    v_head_dim: int  # Dv
+    num_slots: int  # S (rows of the state pools)
+
+
+def check_gdn_decode_step(
+    mixed_qkv, z, b, a, conv_weight, A_log, dt_bias, norm_weight, conv_state, recurrent_state, state_slots, has_initial_state, out, eps
+) -> GdnStepDims:
+    """Validate the arguments of `gdn_decode_step` by shape and dtype only (no host sync); returns the sizes."""
+    _require(mixed_qkv.dim() == 2, f"mixed_qkv must be [B, C], got shape {tuple(mixed_qkv.shape)}")
+    _require(mixed_qkv.is_floating_point(), f"mixed_qkv must be a floating tensor, got {mixed_qkv.dtype}")
+    batch, channels = mixed_qkv.shape
+    dtype = mixed_qkv.dtype
+    _require(A_log.dim() == 1 and tuple(dt_bias.shape) == tuple(A_log.shape), f"A_log and dt_bias must both be [Hv], got {tuple(A_log.shape)} and {tuple(dt_bias.shape)}")
+    num_v_heads = A_log.shape[0]
+    _require(norm_weight.dim() == 1, f"norm_weight must be [Dv], got shape {tuple(norm_weight.shape)}")
+    v_head_dim = norm_weight.shape[0]
+    _require(
+        recurrent_state.dim() == 4 and recurrent_state.shape[1] == num_v_heads and recurrent_state.shape[3] == v_head_dim,
+        f"recurrent_state must be [S, Hv={num_v_heads}, Dk, Dv={v_head_dim}], got {tuple(recurrent_state.shape)}",
+    )
+    _require(recurrent_state.dtype == torch.float32, f"recurrent_state must be float32, got {recurrent_state.dtype}")
+    num_slots, _, k_head_dim, _ = recurrent_state.shape
+    key_dim2 = channels - num_v_heads * v_head_dim  # 2 * Hk * Dk
+    _require(
+        num_v_heads > 0 and v_head_dim > 0 and k_head_dim > 0 and key_dim2 > 0 and key_dim2 % (2 * k_head_dim) == 0,
+        f"C={channels} must be 2 * Hk * Dk + Hv * Dv with Hv={num_v_heads}, Dv={v_head_dim}, Dk={k_head_dim}",
+    )
+    num_k_heads = key_dim2 // (2 * k_head_dim)
+    _require(num_v_heads % num_k_heads == 0, f"value heads ({num_v_heads}) must be a multiple of key heads ({num_k_heads})")
+    _require(conv_weight.dim() == 2 and conv_weight.shape[0] == channels and conv_weight.shape[1] >= 2, f"conv_weight must be [C={channels}, K>=2], got {tuple(conv_weight.shape)}")
+    kernel = conv_weight.shape[1]
+    _require(
+        tuple(conv_state.shape) == (num_slots, channels, kernel - 1),
+        f"conv_state must be [S={num_slots}, C={channels}, K-1={kernel - 1}], got {tuple(conv_state.shape)}",
+    )
+    _require(conv_weight.dtype == dtype and conv_state.dtype == dtype, f"mixed_qkv, conv_weight, conv_state must share a dtype, got {dtype}, {conv_weight.dtype}, {conv_state.dtype}")
+    value_dim = num_v_heads * v_head_dim
+    _check_out(z, (batch, value_dim), dtype, "z")
+    _require(tuple(b.shape) == (batch, num_v_heads) and tuple(a.shape) == (batch, num_v_heads), f"b and a must both be [B={batch}, Hv={num_v_heads}], got {tuple(b.shape)} and {tuple(a.shape)}")
+    _require(b.is_floating_point() and a.is_floating_point(), f"b and a must be floating tensors, got {b.dtype} and {a.dtype}")
+    for name, tensor in (("A_log", A_log), ("dt_bias", dt_bias), ("norm_weight", norm_weight)):
+        _require(tensor.is_floating_point(), f"{name} must be a floating tensor, got {tensor.dtype}")
+    _check_out(state_slots, (batch,), torch.int64, "state_slots")
+    _check_out(has_initial_state, (batch,), torch.bool, "has_initial_state")
+    _check_out(out, (batch, value_dim), dtype, "out")
+    _require(eps > 0, f"eps must be positive, got {eps}")
+    return GdnStepDims(batch, channels, kernel, num_k_heads, num_v_heads, k_head_dim, v_head_dim, num_slots)
+
+
+def gdn_decode_step(
+    mixed_qkv: torch.Tensor,  # [B, C] model dtype, C = 2 * Hk * Dk + Hv * Dv, layout [q | k | v]
+    z: torch.Tensor,  # [B, Hv * Dv] model dtype (may be a strided view)
+    b: torch.Tensor,  # [B, Hv]
+    a: torch.Tensor,  # [B, Hv]
+    conv_weight: torch.Tensor,  # [C, K]
+    A_log: torch.Tensor,  # [Hv]
+    dt_bias: torch.Tensor,  # [Hv]
+    norm_weight: torch.Tensor,  # [Dv] (plain weight, not zero-centred)
+    conv_state: torch.Tensor,  # [S, C, K - 1] model dtype, updated in place at rows state_slots
+    recurrent_state: torch.Tensor,  # [S, Hv, Dk, Dv] float32, updated in place at rows state_slots
+    state_slots: torch.Tensor,  # [B] int64
+    has_initial_state: torch.Tensor,  # [B] bool (False: both states start at zero)
+    out: torch.Tensor,  # [B, Hv * Dv] model dtype
+    eps: float,
+) -> None:
+    """One Gated DeltaNet decode token per sequence, states read and written in place in the pools.
+
+    The composition the model ran before this op existed: gather both states at `state_slots`
+    (zeros where `has_initial_state` is False), `causal_conv1d_update`, scatter the conv state back,
+    `gdn_gates`, `gdn_recurrent_decode` (its output rounded to the model dtype), scatter the
+    recurrent state back, `gated_rms_norm` with z per value head into `out`. Capturable: no host
+    sync, every size fixed by the shapes. Real rows must own distinct slots; padding rows may
+    share one scratch slot (what lands there is unspecified).
+    """
+    dims = check_gdn_decode_step(
+        mixed_qkv, z, b, a, conv_weight, A_log, dt_bias, norm_weight, conv_state, recurrent_state, state_slots, has_initial_state, out, eps
+    )
+    batch, key_dim = dims.batch, dims.num_k_heads * dims.k_head_dim
+    heads, v_dim = dims.num_v_heads, dims.v_head_dim
+    fresh = ~has_initial_state  # [B]
+    conv_in = conv_state[state_slots].masked_fill(fresh[:, None, None], 0)  # [B, C, K-1]
+    state_in = recurrent_state[state_slots].masked_fill(fresh[:, None, None, None], 0)  # [B, Hv, Dk, Dv]
+
+    conv_out = torch.empty_like(mixed_qkv, memory_format=torch.contiguous_format)  # [B, C]
+    conv_state_out = torch.empty_like(conv_in)  # [B, C, K-1]
+    causal_conv1d_update(mixed_qkv, conv_weight, conv_in, out=conv_out, conv_state_out=conv_state_out)
+    conv_state[state_slots] = conv_state_out
+
+    query = conv_out[:, :key_dim].reshape(batch, dims.num_k_heads, dims.k_head_dim)  # [B, Hk, Dk]
+    key = conv_out[:, key_dim : 2 * key_dim].reshape(batch, dims.num_k_heads, dims.k_head_dim)  # [B, Hk, Dk]
+    value = conv_out[:, 2 * key_dim :].reshape(batch, heads, v_dim)  # [B, Hv, Dv]
+    g = torch.empty(batch, heads, dtype=torch.float32, device=mixed_qkv.device)  # [B, Hv]
+    beta = torch.empty(batch, heads, dtype=torch.float32, device=mixed_qkv.device)  # [B, Hv]
+    gdn_gates(a, b, A_log, dt_bias, g=g, beta=beta)
+
+    core = torch.empty(batch, heads, v_dim, dtype=mixed_qkv.dtype, device=mixed_qkv.device)  # [B, Hv, Dv]
+    state_out = torch.empty_like(state_in)  # [B, Hv, Dk, Dv]
+    gdn_recurrent_decode(query, key, value, g, beta, state_in, out=core, state_out=state_out)
+    recurrent_state[state_slots] = state_out
+
+    normed = torch.empty_like(core)  # [B, Hv, Dv]
+    gated_rms_norm(core, z.reshape(batch, heads, v_dim), norm_weight, out=normed, eps=eps)
+    out.copy_(normed.view(batch, heads * v_dim))

@@ -63,6 +63,30 @@ def router_topk(
     topk_ids.copy_(order)
 
 
+def check_router_with_shared(router_logits: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, top_k: int) -> tuple[int, int]:
+    """Shape and dtype checks of `router_topk_with_shared` (every implementation); returns (T, E routed experts)."""
+    _require(router_logits.dim() == 2 and router_logits.shape[1] >= 2, f"router_logits must be [T, E+1] (E routed experts and the shared gate), got shape {tuple(router_logits.shape)}")
+    num_tokens, num_experts = router_logits.shape[0], router_logits.shape[1] - 1
+    _require(isinstance(top_k, int) and 1 <= top_k <= num_experts, f"top_k must be an integer in [1, E={num_experts}], got {top_k!r}")
+    _check_out(topk_weights, (num_tokens, top_k + 1), torch.float32, "topk_weights")
+    _check_out(topk_ids, (num_tokens, top_k + 1), torch.int32, "topk_ids")
+    return num_tokens, num_experts
+
+
+def router_topk_with_shared(
+    router_logits: torch.Tensor,  # [T, E+1]: E routed-expert logits, then the shared expert's gate logit
+    topk_weights: torch.Tensor,  # [T, top_k + 1] float32
+    topk_ids: torch.Tensor,  # [T, top_k + 1] int32
+    top_k: int,
+) -> None:
+    """Slots 0..top_k-1: `router_topk` over columns 0..E-1 (softmax over E only); slot top_k: id E (the
+    shared-expert sentinel) with weight sigmoid(logit E) in float32."""
+    _, num_experts = check_router_with_shared(router_logits, topk_weights, topk_ids, top_k)
+    router_topk(router_logits[:, :num_experts], topk_weights[:, :top_k], topk_ids[:, :top_k], top_k)
+    topk_weights[:, top_k].copy_(torch.sigmoid(router_logits[:, num_experts].float()))
+    topk_ids[:, top_k].fill_(num_experts)
+
+
 @satisfies("moe/shared-expert", major=1)
 def shared_expert(
     x: torch.Tensor,  # [T, H]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from reference_engine.ops.registry import satisfies
+from reference_engine.quant.e2m1 import decode_e2m1, unpack_e2m1
 from reference_engine.quant.nvfp4 import BLOCK_SIZE, _check_quantized, dequantize_nvfp4, quantize_with_tensor_scale
 
 _ROWS_PER_SLICE = 16384
@@ -54,6 +55,33 @@ def w4a16_linear(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: tor
     """`out [M, N] = x [M, K] @ dequant(W)^T`, float32 accumulation, written in x's dtype; returns `out`."""
     _check_linear(x, weight_packed, weight_scale, weight_scale_2, out)
     _matmul_dequantized(x.float(), weight_packed, weight_scale, weight_scale_2, out)
+    return out
+
+
+def _check_row_scales(weight_packed: torch.Tensor, row_scale_2: torch.Tensor) -> None:
+    if row_scale_2.dtype != torch.float32 or tuple(row_scale_2.shape) != (weight_packed.shape[0],):
+        raise ValueError(
+            f"row_scale_2 must be float32 [{weight_packed.shape[0]}] (one tensor scale per output row), "
+            f"got {row_scale_2.dtype} {tuple(row_scale_2.shape)}"
+        )
+
+
+def w4a16_linear_rows(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, row_scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`w4a16_linear` of several NVFP4 linears stacked along N, each row with its own tensor scale.
+
+    `row_scale_2 [N]` float32 holds, for every output row, the `weight_scale_2` of the linear it came
+    from, so one call computes what the separate linears compute (same products, same rounding).
+    """
+    _check_linear(x, weight_packed, weight_scale, torch.ones((), dtype=torch.float32), out)
+    _check_row_scales(weight_packed, row_scale_2)
+    rows = x.float().reshape(-1, x.shape[-1])  # [M, K]
+    out_rows = out.reshape(-1, out.shape[-1])  # [M, N]
+    for start in range(0, weight_packed.shape[0], _ROWS_PER_SLICE):
+        stop = min(start + _ROWS_PER_SLICE, weight_packed.shape[0])
+        values = decode_e2m1(unpack_e2m1(weight_packed[start:stop]))  # [n, K]
+        block = weight_scale[start:stop].float() * row_scale_2[start:stop, None]  # [n, K/16]
+        weight = (values.reshape(stop - start, -1, BLOCK_SIZE) * block[..., None]).reshape(stop - start, -1)
+        out_rows[:, start:stop] = (rows @ weight.t()).to(out.dtype)
     return out
 
 

@@ -38,13 +38,19 @@ def wrong_decode_attention(monkeypatch):
     from reference_engine.ops import backend, static_attention
 
     original = static_attention.paged_decode
+    original_gated = static_attention.paged_decode_gated
 
     def wrong(query, k_cache, v_cache, block_tables, seq_lens, out, scale):
         return original(
             query, k_cache, v_cache, block_tables, seq_lens, out=out, scale=2 * scale
         )
 
-    monkeypatch.setattr(backend, "paged_decode", wrong)  # the torch OpSet the static path calls
+    def wrong_gated(query, k_cache, v_cache, block_tables, seq_lens, q_gate, out, scale):
+        return original_gated(query, k_cache, v_cache, block_tables, seq_lens, q_gate, out=out, scale=2 * scale)
+
+    # the torch OpSet the static path calls (the fused layer calls the gated form)
+    monkeypatch.setattr(backend, "paged_decode", wrong)
+    monkeypatch.setattr(backend, "paged_decode_gated", wrong_gated)
 
 
 def test_bench_writes_json_and_markdown(tmp_path) -> None:

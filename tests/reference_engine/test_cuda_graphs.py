@@ -129,9 +129,8 @@ def test_static_decode_catches_a_wrong_padding_target() -> None:
         if (
             bucket > real
         ):  # point padding at the first sequence's state slot (a known-wrong runner)
-            self.state_slots[real:bucket].copy_(
-                self.state_slots[0].expand(bucket - real)
-            )
+            slots = self.staging[4 * bucket : 5 * bucket]  # the staged state slots, unpacked by the step
+            slots[real:bucket].copy_(slots[0].expand(bucket - real))
         return bucket
 
     cuda_graphs.StaticDecoder.fill = wrong_fill
@@ -178,3 +177,48 @@ def test_graph_replay_with_triton_kernels_matches_static_torch_on_cuda() -> None
     first_expected, first_actual = torch_logits[0], triton_logits[0]  # the same tokens so far: directly comparable
     error = (first_actual - first_expected).norm() / first_expected.norm()
     assert error < 5e-2, f"first decode step with Triton kernels differs from torch: relative error {error:.2e}"
+
+
+_TRITON_STATIC_SCRIPT = r"""
+import dataclasses, torch
+import reference_engine.runner as runner
+from reference_engine.ops import backend
+from reference_engine.presets import build_preset
+import test_cuda_graphs as t
+
+def every_kernel(device, use_triton=True):  # the CUDA selection, forced on the CPU (Triton interpreter)
+    ops = backend.torch_ops()
+    kernels = backend.triton_kernels()
+    assert set(kernels) == set(backend.TRITON_KERNELS), sorted(set(backend.TRITON_KERNELS) - set(kernels))
+    return dataclasses.replace(ops, **kernels, backends=dict(ops.backends) | {name: "triton" for name in kernels})
+
+for quantize in (None, "nvfp4"):
+    model = build_preset("tiny", quantize=quantize, seed=3)
+    prompts = t._prompts(3, model.config.vocab_size, seed=11)  # 3 sequences: bucket 4, one padding row
+    eager_tokens, eager_logits, _ = t._decode_logits(model, "eager", prompts, steps=3)
+    runner.select_ops = every_kernel
+    static_tokens, static_logits, engine = t._decode_logits(model, "static", prompts, steps=3)
+    runner.select_ops = backend.select_ops
+    assert set(engine.runner.ops.backends.values()) >= {"triton"}
+    assert len(static_logits) == len(eager_logits) >= 2
+    for expected, actual in zip(eager_logits, static_logits):
+        assert torch.isfinite(actual).all()
+        error = float((actual - expected).norm() / expected.norm())
+        assert error < 1e-4, (quantize, error)
+    assert static_tokens == eager_tokens, quantize
+    print(quantize, "worst relative error", max(float((a - e).norm() / e.norm()) for e, a in zip(eager_logits, static_logits)))
+print("ok")
+"""
+
+
+def test_static_decode_with_every_triton_kernel_matches_eager_under_the_interpreter() -> None:
+    """The fused decode path as CUDA runs it (every OpSet field a Triton kernel), on the CPU, float32."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(here.parents[1]), str(here), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", _TRITON_STATIC_SCRIPT], cwd=here.parents[1], env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout[-2000:] + result.stderr[-4000:]

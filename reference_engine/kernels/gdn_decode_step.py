@@ -1,0 +1,164 @@
+"""Fused Gated DeltaNet decode step in two Triton launches, states updated in place in the pools.
+
+Same function and signature as `reference_engine.ops.linear_attention.gdn_decode_step` (the torch
+composition). Replaces, per GDN layer and decode step, the gather of both states at the slots,
+the masked_fill of fresh sequences, the conv update, the conv-state scatter, the gates, the
+recurrent step, the recurrent-state scatter, `z.contiguous()` and the gated RMSNorm.
+
+Launch 1, `_conv_update_kernel`, grid (B, cdiv(C, BLOCK_C)): each program owns BLOCK_C channels
+of one sequence. It reads the K-1 cached inputs of its channels at the sequence's slot (zeros when
+`has_initial_state` is False) and the new input, writes silu(sum_k w_k window_k) into a float32
+scratch `conv_out [B, C]`, and shifts the cached inputs left by one in place (the new state is
+computed from the loaded window, so the store depends on the load). No two programs of a real row
+touch the same conv-state entry.
+
+Launch 2, `_recurrent_norm_kernel`, grid (B, Hv): the program for (sequence b, value head h) reads
+q, k of key head h // (Hv / Hk) and v of head h from `conv_out`, L2-normalises q and k in float32
+(x * rsqrt(sum x^2 + 1e-6), q also scaled by Dk^-0.5), computes g = -exp(A_log) softplus(a + dt_bias)
+and beta = sigmoid(b), then with its whole [Dk, Dv] float32 state tile in registers:
+    S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
+stores S back in place and writes out = w * o * rsqrt(mean(o^2) + eps) * silu(z).
+A second launch is needed because its programs read conv outputs that other programs of launch 1
+produce. The norm needs all Dv outputs of a head, so one program holds the whole head: a single
+[Dk, Dv] tile (at 128 x 128 fp32, 64 values per thread with num_warps=8) rather than a loop over
+Dk chunks, so the state is read from HBM once and every load of it is in flight at once (at batch 1
+there are only Hv = 32 programs, so per-program memory parallelism decides the time).
+
+Differences from the torch op: conv outputs stay float32 (the torch op rounds them to the model
+dtype) and o enters the norm in float32 (the torch op rounds it first). Padding rows that share one
+scratch slot race on it; they read and write only inside that slot (no fault, results unspecified).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.ops.linear_attention import L2_EPS, check_gdn_decode_step
+
+CONV_BLOCK_C = 128  # channels per conv program: C = 8192 gives 64 programs per sequence
+CONV_WARPS = 4
+STEP_WARPS = 8  # a 128 x 128 float32 state tile: 64 registers per thread for the tile
+
+
+@triton.jit
+def _conv_update_kernel(
+    x_ptr, w_ptr, state_ptr, slots_ptr, init_ptr, conv_out_ptr,
+    C, stride_xb, stride_xc, stride_ss, stride_sc, stride_sk,
+    K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    chans = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BC]
+    taps = tl.arange(0, BLOCK_K)  # [BK], window position: 0..K-2 cached inputs (oldest first), K-1 the new input
+    c_ok = chans < C
+    slot = tl.load(slots_ptr + row)  # int64
+    has_state = tl.load(init_ptr + row) != 0
+    x = tl.load(x_ptr + row * stride_xb + chans * stride_xc, mask=c_ok, other=0.0).to(tl.float32)  # [BC]
+    w = tl.load(w_ptr + chans[:, None] * K + taps[None, :], mask=c_ok[:, None] & (taps[None, :] < K), other=0.0).to(tl.float32)
+    state_offsets = slot * stride_ss + chans[:, None] * stride_sc + taps[None, :] * stride_sk  # [BC, BK]
+    cached = tl.load(state_ptr + state_offsets, mask=c_ok[:, None] & (taps[None, :] < K - 1) & has_state, other=0.0).to(tl.float32)
+    window = tl.where(taps[None, :] == K - 1, x[:, None], cached)  # [BC, BK]
+    acc = tl.sum(window * w, axis=1)  # [BC]
+    tl.store(conv_out_ptr + row * C + chans, acc * tl.sigmoid(acc), mask=c_ok)
+    # new state[:, j] = window[:, j + 1]: a one-hot select (exact), so the store depends on the loads
+    pick = taps[None, None, :] == taps[None, :, None] + 1  # [1, BK (j), BK (t)]
+    shifted = tl.sum(tl.where(pick, window[:, None, :], 0.0), axis=2)  # [BC, BK]
+    tl.store(state_ptr + state_offsets, shifted.to(state_ptr.dtype.element_ty), mask=c_ok[:, None] & (taps[None, :] < K - 1))
+
+
+@triton.jit
+def _recurrent_norm_kernel(
+    conv_out_ptr, z_ptr, b_ptr, a_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, slots_ptr, init_ptr, out_ptr,
+    stride_zb, stride_zc, stride_bb, stride_bh, stride_ab, stride_ah,
+    stride_ss, stride_sh, stride_sk, stride_sv, stride_ob, stride_oc,
+    q_scale, eps,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2_EPS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    key_head = head // (HV // HK)
+    dk = tl.arange(0, BLOCK_K)
+    dv = tl.arange(0, BLOCK_V)
+    k_ok = dk < DK
+    v_ok = dv < DV
+    base = conv_out_ptr + row * (2 * HK * DK + HV * DV)  # conv_out [B, C] float32, contiguous
+    q = tl.load(base + key_head * DK + dk, mask=k_ok, other=0.0)
+    k = tl.load(base + HK * DK + key_head * DK + dk, mask=k_ok, other=0.0)
+    v = tl.load(base + 2 * HK * DK + head * DV + dv, mask=v_ok, other=0.0)
+    q = q * tl.rsqrt(tl.sum(q * q, axis=0) + L2_EPS) * q_scale
+    k = k * tl.rsqrt(tl.sum(k * k, axis=0) + L2_EPS)
+
+    a = tl.load(a_ptr + row * stride_ab + head * stride_ah).to(tl.float32)
+    b = tl.load(b_ptr + row * stride_bb + head * stride_bh).to(tl.float32)
+    x = a + tl.load(dt_bias_ptr + head).to(tl.float32)
+    softplus = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x))))  # torch's threshold 20
+    decay = tl.exp(-tl.exp(tl.load(a_log_ptr + head).to(tl.float32)) * softplus)  # exp(g)
+    beta = tl.sigmoid(b)
+
+    slot = tl.load(slots_ptr + row)  # int64
+    has_state = tl.load(init_ptr + row) != 0
+    offsets = slot * stride_ss + head * stride_sh + dk[:, None] * stride_sk + dv[None, :] * stride_sv  # [BK, BV]
+    mask = k_ok[:, None] & v_ok[None, :]
+    s = tl.load(state_ptr + offsets, mask=mask & has_state, other=0.0) * decay  # fresh sequence: zeros
+    delta = beta * (v - tl.sum(s * k[:, None], axis=0))  # [BV]
+    s = s + k[:, None] * delta[None, :]
+    tl.store(state_ptr + offsets, s, mask=mask)
+    o = tl.sum(s * q[:, None], axis=0)  # [BV] float32, zero in masked columns
+
+    inv_rms = tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
+    cols = head * DV + dv
+    z = tl.load(z_ptr + row * stride_zb + cols * stride_zc, mask=v_ok, other=0.0).to(tl.float32)
+    weight = tl.load(norm_w_ptr + dv, mask=v_ok, other=0.0).to(tl.float32)
+    y = weight * (o * inv_rms) * (z * tl.sigmoid(z))
+    tl.store(out_ptr + row * stride_ob + cols * stride_oc, y.to(out_ptr.dtype.element_ty), mask=v_ok)
+
+
+def gdn_decode_step(
+    mixed_qkv: torch.Tensor,  # [B, C] model dtype, C = 2 * Hk * Dk + Hv * Dv, layout [q | k | v]
+    z: torch.Tensor,  # [B, Hv * Dv] model dtype (any strides)
+    b: torch.Tensor,  # [B, Hv] (any strides)
+    a: torch.Tensor,  # [B, Hv] (any strides)
+    conv_weight: torch.Tensor,  # [C, K]
+    A_log: torch.Tensor,  # [Hv]
+    dt_bias: torch.Tensor,  # [Hv]
+    norm_weight: torch.Tensor,  # [Dv] (plain weight, not zero-centred)
+    conv_state: torch.Tensor,  # [S, C, K - 1] model dtype, updated in place at rows state_slots
+    recurrent_state: torch.Tensor,  # [S, Hv, Dk, Dv] float32, updated in place at rows state_slots
+    state_slots: torch.Tensor,  # [B] int64
+    has_initial_state: torch.Tensor,  # [B] bool (False: both states start at zero)
+    out: torch.Tensor,  # [B, Hv * Dv] model dtype
+    eps: float,
+) -> None:
+    """One Gated DeltaNet decode token per sequence (see the module docstring); two launches, capturable."""
+    dims = check_gdn_decode_step(
+        mixed_qkv, z, b, a, conv_weight, A_log, dt_bias, norm_weight, conv_state, recurrent_state, state_slots, has_initial_state, out, eps
+    )
+    require_launchable(mixed_qkv, z, b, a, conv_weight, A_log, dt_bias, norm_weight, conv_state, recurrent_state, state_slots, has_initial_state, out)
+    if dims.batch == 0:
+        return
+    init = has_initial_state.view(torch.uint8)  # same bytes, no copy
+    slots = state_slots if state_slots.is_contiguous() else state_slots.contiguous()
+    init = init if init.is_contiguous() else init.contiguous()
+    # parameters: no-ops when contiguous (they are); the conv weight rows are then K contiguous taps
+    conv_weight, A_log, dt_bias, norm_weight = conv_weight.contiguous(), A_log.contiguous(), dt_bias.contiguous(), norm_weight.contiguous()
+    conv_out = torch.empty(dims.batch, dims.channels, dtype=torch.float32, device=mixed_qkv.device)  # [B, C] scratch
+    _conv_update_kernel[(dims.batch, triton.cdiv(dims.channels, CONV_BLOCK_C))](
+        mixed_qkv, conv_weight, conv_state, slots, init, conv_out,
+        dims.channels, mixed_qkv.stride(0), mixed_qkv.stride(1),
+        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+        K=dims.kernel, BLOCK_C=CONV_BLOCK_C, BLOCK_K=triton.next_power_of_2(dims.kernel), num_warps=CONV_WARPS,
+    )  # fmt: skip
+    buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16), else `out`
+    _recurrent_norm_kernel[(dims.batch, dims.num_v_heads)](
+        conv_out, z, b, a, A_log, dt_bias, norm_weight, recurrent_state, slots, init, buffer,
+        z.stride(0), z.stride(1), b.stride(0), b.stride(1), a.stride(0), a.stride(1),
+        recurrent_state.stride(0), recurrent_state.stride(1), recurrent_state.stride(2), recurrent_state.stride(3),
+        buffer.stride(0), buffer.stride(1), float(dims.k_head_dim**-0.5), float(eps),
+        HK=dims.num_k_heads, HV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim,
+        BLOCK_K=triton.next_power_of_2(dims.k_head_dim), BLOCK_V=triton.next_power_of_2(dims.v_head_dim), L2_EPS=L2_EPS,
+        num_warps=STEP_WARPS,
+    )  # fmt: skip
+    finish(buffer, out)

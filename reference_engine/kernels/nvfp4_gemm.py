@@ -1,0 +1,425 @@
+"""NVFP4 W4A16 GEMMs on tensor cores for prefill: plain linears and grouped routed experts, Triton.
+
+Weights (ModelOpt multiplier convention): codes `[N, K/2]` uint8 with element 2j in the low nibble,
+E4M3 block scales `[N, K/16]` (one per 16 elements along K), a float32 tensor scale (one value, or one
+per output row for stacked linears / per expert for the MoE). `W = e2m1 * float(block_scale) * scale_2`.
+
+Decoding (in registers, once per weight tile and program): the 3 magnitude bits of a code go to bits
+11..9 of a float16 and its sign to bit 15, which is the E2M1 value times 2^-14 (0.5 becomes a float16
+subnormal, still exact); the E4M3 block scale is converted to float16 and multiplied in float16. Every
+such product is exact in float16 and in bfloat16 (an E2M1 significand has 2 bits, an E4M3 one 4, and
+all products are multiples of 2^-24 below 0.17), so the dot operand is `e2m1 * block_scale * 2^-14`
+without rounding; the tensor scale and the 2^14 are applied to the float32 accumulator in the epilogue.
+The even and odd elements of a packed byte are interleaved back with `tl.join` so one `tl.dot` covers
+a K step of 2 * BLOCK_KB elements against a contiguous [BLOCK_M, 2 * BLOCK_KB] tile of x.
+
+Dot dtype: x's dtype on CUDA (bfloat16 / float16 tensor cores, float32 accumulation); float32 inputs
+run an IEEE float32 dot. Under TRITON_INTERPRET=1 every dot is an IEEE float32 dot, because the Triton
+3.6 interpreter computes bf16 x bf16 dots wrongly (see kernels/paged_decode.py); the operands hold the
+same values, so the interpreter checks the same arithmetic up to summation order.
+
+`w4a16_gemm`: grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)), token blocks on the fast grid axis so the
+programs running together share one weight tile through L2. Out-of-range rows and tokens are clamped
+to a valid index for the loads (unmasked, vectorised) and masked only at the store.
+
+`nvfp4_moe_prefill`: the T * top_k (token, slot) pairs are sorted by expert (stable), each expert's
+group is cut into blocks of BLOCK_M pairs, and two launches run over the blocks:
+  A. (block, gate/up column block): gathered x rows x the expert's gate rows and the matching up rows
+     (two accumulators, one x tile), act = silu(gate) * up in float32, rounded to x's dtype, written
+     at the pairs' sorted positions [T * top_k, I];
+  B. (block, H column block): act rows x the expert's down rows, times the tensor scale and the pair's
+     routing weight, written in float32 at the pair's own index t * top_k + j of [T * top_k, H].
+Then torch sums the top_k slots of every token (deterministic; no atomics). The block table is built
+with torch (sort, scatter-add counts, cumsum, searchsorted) on the device, no host sync; the grid is
+sized by an upper bound on the block count (floor(P / BLOCK_M) + min(E, P), at most P, for P pairs),
+and blocks past the real count return at once. The only host sync is the expert-id range check,
+skipped while a CUDA graph is being captured.
+
+Tile sizes (`plan`; sm_90: 132 SMs, 64K registers and 228 KB shared memory per SM). The weight tile is
+decoded in registers, so BLOCK_N x K-step sets the register pressure; the choices below were compiled
+for sm_90 ahead of time (Triton 3.6, bundled ptxas) and use wgmma without register spills:
+- K step 64 elements (32 packed bytes a row: two 16-byte loads), num_stages 3 (x tiles through shared
+  memory, 16..32 KB).
+- linear: BLOCK_N 128 rows, BLOCK_M 64 tokens, num_warps 8 (168 registers); BLOCK_M 128 (244 registers)
+  when M is large enough that 128-token tiles still give at least one program per SM: it halves the
+  E2M1 decode work per MAC, the main cost next to the tensor cores. Small N (the 32-row GDN
+  projections) or small M shrink the tile to the next power of two (at least 16).
+- MoE: BLOCK_M covers about twice the mean group size, 16..64 (64 at T=1024, top-8, 256 experts:
+  most experts fit one block, so each expert's weights are decoded about once per column block; below
+  64 the dot is mma.sync). Kernel A: 64 gate + 64 up rows (two [BLOCK_M, 64] accumulators), kernel B:
+  128 H rows; num_warps 8 at BLOCK_M 64 (186 / 224 registers), else 4.
+- float32 activations (IEEE FMA dots, no tensor cores; not the model's dtype): halved tiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from reference_engine.kernels.launch import (
+    finish,
+    interpreting,
+    require_launchable,
+    staging_buffer,
+)
+
+if TYPE_CHECKING:
+    from reference_engine.ops.static_moe import StackedNvfp4Experts
+
+_HALF_TO_E2M1 = 16384.0  # 2^14: the decoded operand is the E2M1 value times 2^-14
+_SM_COUNT_DEFAULT = 132
+_ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DOT_FLOAT32, DOT_BFLOAT16, DOT_FLOAT16 = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Tile of one launch: BLOCK_M tokens x BLOCK_N weight rows, K step 2 * block_kb elements."""
+
+    block_m: int
+    block_n: int
+    block_kb: int  # packed bytes per weight row per K step (a multiple of 8: whole scale blocks)
+    num_warps: int
+    num_stages: int
+
+
+def _pow2_between(value: int, low: int, high: int) -> int:
+    return max(low, min(high, triton.next_power_of_2(max(int(value), 1))))
+
+
+def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DEFAULT, num_experts: int = 1, float32: bool = False) -> GemmPlan:
+    """Tile sizes (see the module docstring) for `kind`:
+    "linear" (tokens x rows x k), "moe_gate_up" (rows = I, k = H) or "moe_down" (rows = H, k = I);
+    for the MoE kinds `tokens` is the number of (token, slot) pairs and both kinds get the same BLOCK_M.
+    `float32`: float32 activations (IEEE FMA dots without tensor cores: smaller tiles, no spills)."""
+    if kind not in ("linear", "moe_gate_up", "moe_down"):
+        raise ValueError(f"plan kind must be 'linear', 'moe_gate_up' or 'moe_down', got {kind!r}")
+    block_kb = _pow2_between(k, 16, 32 if float32 else 64) // 2  # K step 64 elements (32 for float32)
+    if kind == "linear":
+        if float32:
+            return GemmPlan(_pow2_between(tokens, 16, 64), _pow2_between(rows, 16, 64), block_kb, 8, 3)
+        block_n = _pow2_between(rows, 16, 128)
+        big = tokens >= 512 and triton.cdiv(tokens, 128) * triton.cdiv(rows, block_n) >= sm_count
+        block_m = 128 if big else _pow2_between(tokens, 16, 64)
+        return GemmPlan(block_m, block_n, block_kb, 8, 3)
+    mean_group = triton.cdiv(max(tokens, 1), max(num_experts, 1))
+    block_m = _pow2_between(2 * mean_group, 16, 32 if float32 else 64)
+    warps = 8 if block_m >= 64 else 4
+    if kind == "moe_gate_up":
+        return GemmPlan(block_m, _pow2_between(rows, 16, 32 if float32 else 64), block_kb, warps, 3)
+    return GemmPlan(block_m, _pow2_between(rows, 16, 64 if float32 else 128), block_kb, warps, 3)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNT_DEFAULT
+
+
+def _dot_kind(dtype: torch.dtype) -> int:
+    if interpreting() or dtype == torch.float32:
+        return DOT_FLOAT32
+    return DOT_BFLOAT16 if dtype == torch.bfloat16 else DOT_FLOAT16
+
+
+@triton.jit
+def _e2m1_times_2_pow_m14(codes):
+    """uint8 codes 0..15 -> float16 holding the E2M1 value times 2^-14 (bit placement, no table)."""
+    c = codes.to(tl.int16)
+    return (((c & 7) << 9) | ((c & 8) << 12)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _to_dot(values, DOT_KIND: tl.constexpr):
+    if DOT_KIND == 1:
+        result = values.to(tl.bfloat16)
+    elif DOT_KIND == 2:
+        result = values.to(tl.float16)
+    else:
+        result = values.to(tl.float32)
+    return result
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_KIND: tl.constexpr):
+    """acc + a [BM, BK] @ b [BK, BN], float32 accumulation (IEEE for float32 operands)."""
+    if DOT_KIND == 0:
+        result = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        result = tl.dot(a, b, acc)
+    return result
+
+
+@triton.jit
+def _weight_tile(packed_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
+                 BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr):
+    """Rows `rows` [BLOCK_N] (int64, all valid) of an NVFP4 matrix, K elements 2*byte0 .. 2*(byte0+BLOCK_KB)
+    -> [BLOCK_N, 2 * BLOCK_KB] e2m1 * block_scale * 2^-14 in the dot dtype (zero past K)."""
+    byte_cols = byte0 + tl.arange(0, BLOCK_KB)
+    block_cols = byte0 // 8 + tl.arange(0, BLOCK_KB // 8)
+    packed_ptrs = packed_ptr + rows[:, None] * K_BYTES + byte_cols[None, :]
+    scale_ptrs = scale_ptr + rows[:, None] * (K_BYTES // 8) + block_cols[None, :]
+    if EVEN_K:
+        packed = tl.load(packed_ptrs)  # [BN, KB] uint8
+        scale = tl.load(scale_ptrs)  # [BN, KB/8] float8
+    else:
+        packed = tl.load(packed_ptrs, mask=(byte_cols < K_BYTES)[None, :], other=0)
+        scale = tl.load(scale_ptrs, mask=(block_cols < K_BYTES // 8)[None, :], other=0.0)
+    scale = scale.to(tl.float16)
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_KB // 8, 8)), (BLOCK_N, BLOCK_KB))
+    low = _e2m1_times_2_pow_m14(packed & 0xF) * scale  # elements 2j   (exact in float16)
+    high = _e2m1_times_2_pow_m14(packed >> 4) * scale  # elements 2j+1
+    return _to_dot(tl.reshape(tl.join(low, high), (BLOCK_N, 2 * BLOCK_KB)), DOT_KIND)
+
+
+@triton.jit
+def _x_tile(x_ptr, row_offsets, K_BYTES: tl.constexpr, byte0, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr):
+    """x rows at element offsets row_offsets [BM] (int64), elements 2*byte0 .. 2*(byte0+BLOCK_KB) -> dot dtype."""
+    cols = 2 * byte0 + tl.arange(0, 2 * BLOCK_KB)
+    ptrs = x_ptr + row_offsets[:, None] + cols[None, :]
+    if EVEN_K:
+        x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=(cols < 2 * K_BYTES)[None, :], other=0.0)
+    return _to_dot(x, DOT_KIND)
+
+
+@triton.jit
+def _w4a16_gemm_kernel(
+    x_ptr, packed_ptr, scale_ptr, scale_2_ptr, out_ptr,
+    M, N, stride_xm, stride_om,
+    K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
+    EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, DOT_KIND: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    tokens = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    x_rows = tl.minimum(tokens, M - 1).to(tl.int64) * stride_xm  # clamped: loads need no mask
+    w_rows = tl.minimum(rows, N - 1).to(tl.int64)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for byte0 in range(0, K_BYTES, BLOCK_KB):
+        x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
+        w = _weight_tile(packed_ptr, scale_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
+        acc = _dot(x, tl.trans(w), acc, DOT_KIND)
+    if ROW_SCALES:
+        acc = acc * (tl.load(scale_2_ptr + w_rows) * 16384.0)[None, :]
+    else:
+        acc = acc * (tl.load(scale_2_ptr) * 16384.0)
+    out_ptrs = out_ptr + tokens[:, None].to(tl.int64) * stride_om + rows[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(tokens < M)[:, None] & (rows < N)[None, :])
+
+
+def _check_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2: torch.Tensor, out: torch.Tensor) -> None:
+    if x.dim() != 2 or x.dtype not in _ACTIVATION_DTYPES:
+        raise ValueError(f"x must be [M, K] float32, bfloat16 or float16, got {tuple(x.shape)} {x.dtype}")
+    if weight_packed.dim() != 2 or weight_packed.dtype != torch.uint8 or weight_packed.shape[1] * 2 != x.shape[1]:
+        raise ValueError(f"weight_packed must be uint8 [N, K/2] with K = {x.shape[1]}, got {tuple(weight_packed.shape)} {weight_packed.dtype}")
+    if x.shape[1] % 16:
+        raise ValueError(f"K must be a multiple of 16, got {x.shape[1]}")
+    rows = weight_packed.shape[0]
+    if weight_scale.dtype != torch.float8_e4m3fn or tuple(weight_scale.shape) != (rows, x.shape[1] // 16):
+        raise ValueError(f"weight_scale must be float8_e4m3fn [{rows}, {x.shape[1] // 16}], got {tuple(weight_scale.shape)} {weight_scale.dtype}")
+    if scale_2.numel() not in (1, rows) or (scale_2.numel() == rows and rows > 1 and scale_2.dim() != 1):
+        raise ValueError(f"scale_2 must be one value or float32 [{rows}] (one per row), got shape {tuple(scale_2.shape)}")
+    if tuple(out.shape) != (x.shape[0], rows) or out.dtype != x.dtype:
+        raise ValueError(f"out must be {x.dtype} [{x.shape[0]}, {rows}], got {out.dtype} {tuple(out.shape)}")
+
+
+def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2, out: torch.Tensor) -> torch.Tensor:
+    """`out [M, N] = x [M, K] @ W^T`, W [N, K] NVFP4 (`weight_packed [N, K/2]` uint8, `weight_scale [N, K/16]`
+    float8_e4m3fn, `scale_2` one value or float32 [N] per row), float32 accumulation, in x's dtype."""
+    scale_2 = torch.as_tensor(scale_2, dtype=torch.float32, device=x.device)
+    _check_gemm(x, weight_packed, weight_scale, scale_2, out)
+    require_launchable(x, weight_packed, weight_scale, scale_2, out)
+    tokens, rows, k_bytes = x.shape[0], weight_packed.shape[0], weight_packed.shape[1]
+    if tokens == 0 or rows == 0:
+        return out
+    x = x if x.stride(1) == 1 else x.contiguous()
+    packed, scale = weight_packed.contiguous(), weight_scale.contiguous()
+    row_scales = scale_2.numel() == rows and rows > 1
+    scale_2 = scale_2.reshape(-1).contiguous()
+    buffer = staging_buffer(out)
+    target = buffer if buffer.stride(1) == 1 else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
+    p = plan("linear", tokens, rows, 2 * k_bytes, _sm_count(x.device), float32=x.dtype == torch.float32)
+    grid = (triton.cdiv(tokens, p.block_m), triton.cdiv(rows, p.block_n))
+    _w4a16_gemm_kernel[grid](
+        x, packed, scale, scale_2, target, tokens, rows, x.stride(0), target.stride(0),
+        K_BYTES=k_bytes, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KB=p.block_kb, EVEN_K=k_bytes % p.block_kb == 0,
+        ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), num_warps=p.num_warps, num_stages=p.num_stages,
+    )
+    if target is not buffer:
+        buffer.copy_(target)
+    finish(buffer, out)
+    return out
+
+
+@triton.jit
+def _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M: tl.constexpr):
+    """Block table [3, MAX_BLOCKS] int32 (expert, first sorted position, end of the expert's group) ->
+    (expert, positions [BLOCK_M], valid [BLOCK_M], clamped positions for unmasked loads)."""
+    expert = tl.load(blocks_ptr + block)
+    first = tl.load(blocks_ptr + MAX_BLOCKS + block)
+    end = tl.load(blocks_ptr + 2 * MAX_BLOCKS + block)
+    positions = first + tl.arange(0, BLOCK_M)
+    valid = positions < end
+    return expert, positions, valid, tl.minimum(positions, end - 1)
+
+
+@triton.jit
+def _moe_gate_up_kernel(
+    x_ptr, order_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, act_ptr,
+    MAX_BLOCKS, stride_xm,
+    I: tl.constexpr, H_BYTES: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr,
+):
+    block = tl.program_id(0)
+    expert, positions, valid, safe = _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M)
+    if expert < 0:  # past the real block count
+        return
+    tokens = tl.load(order_ptr + safe) // TOP_K  # [BM] token of each sorted pair
+    x_rows = tokens.to(tl.int64) * stride_xm
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    gate_rows = expert.to(tl.int64) * (2 * I) + tl.minimum(cols, I - 1)
+    up_rows = gate_rows + I
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for byte0 in range(0, H_BYTES, BLOCK_KB):
+        x = _x_tile(x_ptr, x_rows, H_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
+        w_gate = _weight_tile(packed_ptr, scale_ptr, gate_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
+        acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
+        w_up = _weight_tile(packed_ptr, scale_ptr, up_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
+        acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
+    gate = acc_gate * (tl.load(scale_2_ptr + 2 * expert) * 16384.0)
+    up = acc_up * (tl.load(scale_2_ptr + 2 * expert + 1) * 16384.0)
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    out_ptrs = act_ptr + positions[:, None].to(tl.int64) * I + cols[None, :]
+    tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & (cols < I)[None, :])
+
+
+@triton.jit
+def _moe_down_kernel(
+    act_ptr, order_ptr, weights_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, pair_out_ptr,
+    MAX_BLOCKS,
+    H: tl.constexpr, I_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr,
+):
+    block = tl.program_id(0)
+    expert, _, valid, safe = _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M)
+    if expert < 0:
+        return
+    pairs = tl.load(order_ptr + safe)  # [BM] flat index t * top_k + j
+    act_rows = safe.to(tl.int64) * (2 * I_BYTES)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    down_rows = expert.to(tl.int64) * H + tl.minimum(cols, H - 1)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for byte0 in range(0, I_BYTES, BLOCK_KB):
+        a = _x_tile(act_ptr, act_rows, I_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
+        w = _weight_tile(packed_ptr, scale_ptr, down_rows, I_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
+        acc = _dot(a, tl.trans(w), acc, DOT_KIND)
+    routing = tl.load(weights_ptr + pairs)  # [BM] float32
+    acc = acc * (tl.load(scale_2_ptr + expert) * 16384.0) * routing[:, None]
+    out_ptrs = pair_out_ptr + pairs[:, None].to(tl.int64) * H + cols[None, :]
+    tl.store(out_ptrs, acc, mask=valid[:, None] & (cols < H)[None, :])
+
+
+def _check_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: StackedNvfp4Experts, out: torch.Tensor) -> tuple[int, int, int, int]:
+    """Shape and dtype checks; returns (T, top_k, E, I)."""
+    if x.dim() != 2 or x.dtype not in _ACTIVATION_DTYPES:
+        raise ValueError(f"x must be [T, H] float32, bfloat16 or float16, got {tuple(x.shape)} {x.dtype}")
+    tokens, hidden = x.shape
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != tokens or topk_ids.dtype != torch.int32:
+        raise ValueError(f"topk_ids must be int32 [T={tokens}, top_k], got {tuple(topk_ids.shape)} {topk_ids.dtype}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape) or topk_weights.dtype != torch.float32:
+        raise ValueError(f"topk_weights must be float32 {tuple(topk_ids.shape)}, got {tuple(topk_weights.shape)} {topk_weights.dtype}")
+    num_experts, double_i = experts.gate_up_packed.shape[:2]
+    inter = double_i // 2
+    expected = {
+        "gate_up_packed": (experts.gate_up_packed, (num_experts, 2 * inter, hidden // 2), torch.uint8),
+        "gate_up_scale": (experts.gate_up_scale, (num_experts, 2 * inter, hidden // 16), torch.float8_e4m3fn),
+        "gate_up_scale_2": (experts.gate_up_scale_2, (num_experts, 2), torch.float32),
+        "down_packed": (experts.down_packed, (num_experts, hidden, inter // 2), torch.uint8),
+        "down_scale": (experts.down_scale, (num_experts, hidden, inter // 16), torch.float8_e4m3fn),
+        "down_scale_2": (experts.down_scale_2, (num_experts,), torch.float32),
+    }
+    if hidden % 16 or inter % 16 or double_i % 2 or inter == 0:
+        raise ValueError(f"H and I must be positive multiples of 16, got H={hidden}, gate_up rows {double_i}")
+    for name, (tensor, shape, dtype) in expected.items():
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+            raise ValueError(f"experts.{name} must be {dtype} {list(shape)} (H={hidden}), got {tensor.dtype} {list(tensor.shape)}")
+    if tuple(out.shape) != (tokens, hidden) or out.dtype != x.dtype:
+        raise ValueError(f"out must be {x.dtype} [{tokens}, {hidden}], got {out.dtype} {tuple(out.shape)}")
+    return tokens, topk_ids.shape[1], num_experts, inter
+
+
+def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
+    """Upper bound on sum_e cdiv(count_e, block_m) over any routing of `pairs` pairs to `num_experts` experts."""
+    return min(pairs, pairs // block_m + min(num_experts, pairs))
+
+
+def block_table(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk_ids [T, k] -> (order [T*k] int32: flat pair indices sorted by expert, stable;
+    blocks [3, max_blocks] int32: per block its expert (-1 past the real count), first sorted position and
+    the end of its expert's group). Torch on the device, no host sync."""
+    flat = topk_ids.reshape(-1).long()  # [P]
+    pairs = flat.numel()
+    order = torch.sort(flat, stable=True).indices  # [P]
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))  # [E]
+    group_end = torch.cumsum(counts, 0)  # [E] inclusive
+    per_expert = (counts + block_m - 1) // block_m  # [E]
+    blocks_end = torch.cumsum(per_expert, 0)  # [E] inclusive
+    block = torch.arange(max_blocks(pairs, num_experts, block_m), device=flat.device)  # [B]
+    expert = torch.searchsorted(blocks_end, block, right=True)  # [B] in [0, E]
+    real = expert < num_experts
+    clamped = expert.clamp(max=num_experts - 1)
+    first = group_end[clamped] - counts[clamped] + (block - (blocks_end[clamped] - per_expert[clamped])) * block_m
+    table = torch.stack([torch.where(real, expert, -1), first, group_end[clamped]]).to(torch.int32)  # [3, B]
+    return order.to(torch.int32), table
+
+
+def nvfp4_moe_prefill(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: StackedNvfp4Experts, out: torch.Tensor) -> torch.Tensor:
+    """out[t] = sum_j topk_weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = topk_ids[t, j], for NVFP4
+    experts (`StackedNvfp4Experts`; x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32, out [T, H]
+    in x's dtype). The activation is rounded to x's dtype before the down projection (as `ops.moe`)."""
+    from reference_engine.ops.static_moe import capturing
+
+    tokens, top_k, num_experts, inter = _check_moe(x, topk_weights, topk_ids, experts, out)
+    tensors = (x, topk_weights, topk_ids, out, *vars(experts).values())
+    require_launchable(*tensors)
+    hidden = x.shape[1]
+    if tokens == 0:
+        return out
+    if not capturing(x):  # the one host sync
+        low, high = torch.stack(torch.aminmax(topk_ids)).tolist()
+        if low < 0 or high >= num_experts:
+            raise ValueError(f"topk_ids must lie in [0, {num_experts}), got values in [{low}, {high}]")
+    pairs = tokens * top_k
+    sm = _sm_count(x.device)
+    float32 = x.dtype == torch.float32
+    plan_a = plan("moe_gate_up", pairs, inter, hidden, sm, num_experts, float32)
+    plan_b = plan("moe_down", pairs, hidden, inter, sm, num_experts, float32)
+    order, table = block_table(topk_ids, num_experts, plan_a.block_m)
+    blocks = table.shape[1]
+    x = x if x.stride(1) == 1 else x.contiguous()
+    staged = interpreting() and x.dtype != torch.float32
+    act = torch.empty((pairs, inter), dtype=torch.float32 if staged else x.dtype, device=x.device)  # [P, I] sorted order
+    dot_kind = _dot_kind(x.dtype)
+    _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
+        x, order, table, experts.gate_up_packed.contiguous(), experts.gate_up_scale.contiguous(), experts.gate_up_scale_2.contiguous(), act,
+        blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
+        BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb, EVEN_K=(hidden // 2) % plan_a.block_kb == 0,
+        DOT_KIND=dot_kind, num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
+    )
+    if staged:  # the interpreter truncates float32 -> bf16; torch rounds
+        act = act.to(x.dtype)
+    pair_out = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)  # [T*k, H]
+    _moe_down_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
+        act, order, topk_weights.contiguous(), table, experts.down_packed.contiguous(), experts.down_scale.contiguous(), experts.down_scale_2.contiguous(), pair_out,
+        blocks, H=hidden, I_BYTES=inter // 2,
+        BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
+        DOT_KIND=dot_kind, num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
+    )
+    out.copy_(pair_out.view(tokens, top_k, hidden).sum(dim=1))  # fixed order over the k slots, rounded once
+    return out

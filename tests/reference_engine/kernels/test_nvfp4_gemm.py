@@ -1,0 +1,400 @@
+"""NVFP4 tensor-core GEMMs for prefill (`kernels/nvfp4_gemm.py`): the plain W4A16 GEMM and the grouped
+routed-experts pair, against independent float64 references.
+
+Interpreter (one subprocess): weights quantised here, dequantised in float64 by a table (element 2j in
+the low nibble, one E4M3 scale per 16 elements, tensor scale per matrix / per row / per expert).
+- `w4a16_gemm`: M = 1, 3, 70, 97, 130 (several token blocks, a partial last block, padding rows that
+  duplicate one row), N = 48, K = 64 and 80 (K not a multiple of the K step: masked loads), one tensor
+  scale or one per row, float32 and bfloat16, an output that is a column slice of a wider buffer (the
+  columns outside it must stay untouched); every output poisoned with NaN first.
+- The M > 64 branches of `nvfp4_gemv.w4a16_linear` / `w4a16_linear_rows` (now the GEMM).
+- `nvfp4_moe_prefill`: E = 8, H = 64, I = 32, T = 1..40, top_k 2..4; ids never use expert 7 (an
+  expert with no token); one case routes every token's slot 0 to expert 2 (a group of more than
+  BLOCK_M pairs: two blocks) and token 0 twice to expert 2; one case ends with padding rows that copy
+  the last real row and its routing; against the float64 reference (activation rounded to x's dtype,
+  as the model does) and, for float32, the torch op `ops.moe.routed_experts` on dequantised weights.
+- Known-wrong variants (the real kernels fed one deliberate mistake) must fail the same comparison.
+Error = ||out - ref||_F / ||ref||_F; bounds in BOUNDS with the measured values next to them.
+CUDA (`@pytest.mark.cuda`): the real shapes against the torch ops, relative error < 1e-2.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from kernel_interpreter import run_script
+
+# measured under the Triton 3.6 interpreter: gemm float32 <= 1.1e-7, bf16 <= 1.7e-3 (the output
+# rounding); moe float32 <= 1.6e-7 (3.3e-7 against the torch op), bf16 <= 1.8e-3; the wrong variants
+# miss by 0.73 or more, or leave NaN.
+BOUNDS = {"float32": 1e-5, "bfloat16": 5e-3}
+
+# Ahead-of-time compilation for sm_90 (no GPU needed: Triton's bundled ptxas), at the tiles the wrappers
+# pick for the real shapes: catches what the interpreter cannot (layouts, dot shapes) and register spills.
+COMPILE_SCRIPT = r'''
+import json, os, re, subprocess, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from reference_engine.kernels import nvfp4_gemm as m
+
+ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+common = {"packed_ptr": "*u8", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32"}
+configs = []
+for tokens, rows, k in ((1024, 8192, 2048), (1024, 2048, 4096), (1024, 32, 2048)):
+    p = m.plan("linear", tokens, rows, k)
+    sig = common | {"x_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "stride_xm": "i32", "stride_om": "i32"}
+    configs.append((f"linear {tokens}x{rows}x{k}", m._w4a16_gemm_kernel, sig, {"K_BYTES": k // 2, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "ROW_SCALES": True, "DOT_KIND": m.DOT_BFLOAT16}, p))
+for pairs in (8192, 800):
+    p = m.plan("moe_gate_up", pairs, 512, 2048, num_experts=256)
+    sig = common | {"x_ptr": "*bf16", "order_ptr": "*i32", "blocks_ptr": "*i32", "act_ptr": "*bf16", "MAX_BLOCKS": "i32", "stride_xm": "i32"}
+    configs.append((f"moe gate_up pairs={pairs}", m._moe_gate_up_kernel, sig, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16}, p))
+    p = m.plan("moe_down", pairs, 2048, 512, num_experts=256)
+    sig = common | {"act_ptr": "*bf16", "order_ptr": "*i32", "weights_ptr": "*fp32", "blocks_ptr": "*i32", "pair_out_ptr": "*fp32", "MAX_BLOCKS": "i32"}
+    configs.append((f"moe down pairs={pairs}", m._moe_down_kernel, sig, {"H": 2048, "I_BYTES": 256, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16}, p))
+report = {}
+for name, kernel, sig, consts, p in configs:
+    compiled = triton.compile(ASTSource(kernel, sig | {key: "constexpr" for key in consts}, constexprs=consts),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": p.num_warps, "num_stages": p.num_stages})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as handle:
+        handle.write(compiled.asm["ptx"])
+    info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", handle.name, "-o", os.devnull], capture_output=True, text=True, check=True).stderr
+    os.unlink(handle.name)
+    report[name] = {"spill_bytes": int(re.search(r"(\d+) bytes spill stores", info).group(1)), "tensor_cores": "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]}
+print("JSON" + json.dumps(report))
+'''
+
+SCRIPT = r"""
+import json
+import torch
+from reference_engine.kernels import nvfp4_gemm, nvfp4_gemv
+from reference_engine.kernels.moe_decode import stack_nvfp4_experts
+from reference_engine.ops.moe import routed_experts
+from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+g = torch.Generator().manual_seed(5)
+LUT = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=torch.float64)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+results = {"gemm": {}, "gemm_wrong": {}, "moe": {}, "moe_torch_op": {}, "moe_wrong": {}, "checks": []}
+
+def deq64(packed, scale, scale_2):
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1).long()
+    scale_2 = torch.as_tensor(scale_2).double()
+    per_row = scale_2.reshape(-1, 1) if scale_2.numel() > 1 else scale_2
+    return LUT[codes] * scale.double().repeat_interleave(16, dim=-1) * per_row
+
+def rel(out, ref):
+    out = out.double()
+    if not torch.isfinite(out).all():
+        return float("inf")  # an unwritten (NaN) element
+    return float((out - ref).norm() / ref.norm())
+
+def quantized(rows, cols, std):
+    return quantize_nvfp4(torch.randn(rows, cols, generator=g) * std)
+
+# ---- plain GEMM
+def run_gemm(x, packed, scale, scale_2, fn=nvfp4_gemm.w4a16_gemm):
+    out = torch.full((x.shape[0], packed.shape[0]), float("nan"), dtype=x.dtype)
+    fn(x, packed, scale, scale_2, out)
+    return out
+
+GEMM_CASES = {  # name: (M, N, K, dtype, per-row scale_2)
+    "m1-f32": (1, 48, 64, "float32", False),
+    "m3-bf16": (3, 48, 64, "bfloat16", True),
+    "m70-f32": (70, 48, 64, "float32", False),
+    "m70-rows-bf16": (70, 48, 64, "bfloat16", True),
+    "m97-k80-rows-f32": (97, 48, 80, "float32", True),
+    "m130-bf16": (130, 48, 64, "bfloat16", False),
+}
+weights = {}
+for name, (M, N, K, dtype, per_row) in GEMM_CASES.items():
+    packed, scale, scale_2 = quantized(N, K, 0.5)
+    if per_row:  # stacked linears: three parts with their own tensor scale
+        scale_2 = torch.cat([torch.full((16,), float(scale_2) * f) for f in (1.0, 0.37, 2.9)])
+    x = torch.randn(M, K, generator=g).to(DTYPES[dtype])
+    if M > 3:
+        x[-2:] = x[-3]  # padding rows duplicate one real row
+    ref = x.double() @ deq64(packed, scale, scale_2).t()
+    results["gemm"][name] = (dtype, rel(run_gemm(x, packed, scale, scale_2), ref))
+    weights[name] = (x, packed, scale, scale_2, ref)
+
+# a column slice of a wider output: strided rows, the other columns untouched
+x, packed, scale, scale_2, ref = weights["m70-rows-bf16"]
+wide = torch.full((70, 64), float("nan"), dtype=torch.bfloat16)
+wide[:, 48:] = 7.0
+nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, wide[:, :48])
+results["gemm"]["m70-strided-out-bf16"] = ("bfloat16", rel(wide[:, :48], ref))
+results["checks"].append(["strided out: other columns untouched", bool((wide[:, 48:] == 7.0).all())])
+
+# the M > 64 branches of the nvfp4_gemv wrappers (prefill) now run the GEMM
+x, packed, scale, scale_2, ref = weights["m70-f32"]
+results["gemm"]["gemv-wrapper-m70-f32"] = ("float32", rel(run_gemm(x, packed, scale, scale_2, nvfp4_gemv.w4a16_linear), ref))
+x, packed, scale, scale_2, ref = weights["m130-bf16"]
+out3d = torch.full((2, 65, 48), float("nan"), dtype=torch.bfloat16)
+nvfp4_gemv.w4a16_linear(x.view(2, 65, 64), packed, scale, scale_2, out3d)
+results["gemm"]["gemv-wrapper-m130-3d-bf16"] = ("bfloat16", rel(out3d.view(130, 48), ref))
+x, packed, scale, scale_2, ref = weights["m70-rows-bf16"]
+results["gemm"]["gemv-rows-wrapper-m70-bf16"] = ("bfloat16", rel(run_gemm(x, packed, scale, scale_2, nvfp4_gemv.w4a16_linear_rows), ref))
+
+# known-wrong GEMM variants
+def nibbles_swapped(x, packed, scale, scale_2, out):
+    nvfp4_gemm.w4a16_gemm(x, ((packed >> 4) | (packed << 4)).to(torch.uint8), scale, scale_2, out)
+
+def row_scales_reversed(x, packed, scale, scale_2, out):
+    nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2.flip(0), out)
+
+def last_token_block_unwritten(x, packed, scale, scale_2, out):
+    block_m = nvfp4_gemm.plan("linear", x.shape[0], packed.shape[0], x.shape[1]).block_m
+    keep = (x.shape[0] - 1) // block_m * block_m
+    nvfp4_gemm.w4a16_gemm(x[:keep], packed, scale, scale_2, out[:keep])
+
+for wrong in (nibbles_swapped, row_scales_reversed, last_token_block_unwritten):
+    x, packed, scale, scale_2, ref = weights["m70-rows-bf16"]
+    results["gemm_wrong"][wrong.__name__] = ("bfloat16", rel(run_gemm(x, packed, scale, scale_2, wrong), ref))
+
+# ---- routed experts
+E, H, I = 8, 64, 32
+STD = [0.1 * (1 + e) for e in range(E)]  # distinct tensor scales per expert
+experts = stack_nvfp4_experts([quantized(I, H, STD[e]) for e in range(E)], [quantized(I, H, 0.3) for e in range(E)], [quantized(H, I, STD[-1 - e]) for e in range(E)])
+gate_up64 = torch.stack([torch.cat([deq64(experts.gate_up_packed[e, :I], experts.gate_up_scale[e, :I], experts.gate_up_scale_2[e, 0]),
+                                    deq64(experts.gate_up_packed[e, I:], experts.gate_up_scale[e, I:], experts.gate_up_scale_2[e, 1])]) for e in range(E)])
+down64 = torch.stack([deq64(experts.down_packed[e], experts.down_scale[e], experts.down_scale_2[e]) for e in range(E)])
+
+def moe_reference(x, weights, ids):
+    out = torch.zeros(x.shape[0], H, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            h = gate_up64[e] @ x[t].double()
+            act = (torch.nn.functional.silu(h[:I]) * h[I:]).to(x.dtype).double()  # the model rounds the activation
+            out[t] += float(weights[t, j]) * (down64[e] @ act)
+    return out
+
+def routing(T, k):
+    ids = torch.stack([torch.randperm(E - 1, generator=g)[:k] for _ in range(T)]).int()  # distinct per row, expert 7 unused
+    weights = torch.rand(T, k, generator=g) + 0.1
+    return weights / weights.sum(dim=1, keepdim=True), ids
+
+MOE_CASES = {}  # name: (dtype, x, weights, ids)
+for name, T, k, dtype in (("t1-k2-bf16", 1, 2, "bfloat16"), ("t3-k4-f32", 3, 4, "float32"), ("t5-k2-f32", 5, 2, "float32"), ("t40-k4-bf16", 40, 4, "bfloat16")):
+    MOE_CASES[name] = (dtype, torch.randn(T, H, generator=g).to(DTYPES[dtype]), *routing(T, k))
+weights, ids = routing(40, 2)
+ids[:, 0] = 2  # expert 2 gets >= 40 pairs: more than one block of BLOCK_M = 32
+ids[0, 1] = 2  # token 0 routed twice to expert 2
+for dtype in ("float32", "bfloat16"):
+    MOE_CASES["t40-k2-skew-" + ("f32" if dtype == "float32" else "bf16")] = (dtype, torch.randn(40, H, generator=g).to(DTYPES[dtype]), weights, ids)
+plan_skew = nvfp4_gemm.plan("moe_gate_up", 80, I, H, num_experts=E)
+results["checks"].append(["skew case spans two blocks of one expert", plan_skew.block_m == 32 and int((ids == 2).sum()) > 32])
+weights, ids = routing(24, 3)
+x = torch.randn(24, H, generator=g).to(torch.bfloat16)
+x[18:], weights[18:], ids[18:] = x[17], weights[17], ids[17]  # 6 padding rows copy the last real row
+MOE_CASES["t24-k3-padding-bf16"] = ("bfloat16", x, weights, ids)
+
+def run_moe(x, weights, ids, stack=experts):
+    out = torch.full((x.shape[0], H), float("nan"), dtype=x.dtype)
+    nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, stack, out)
+    return out
+
+references = {}
+for name, (dtype, x, weights, ids) in MOE_CASES.items():
+    references[name] = moe_reference(x, weights, ids)
+    results["moe"][name] = (dtype, rel(run_moe(x, weights, ids), references[name]))
+    if dtype == "float32":
+        all_ids = torch.arange(E)
+        op = torch.full((x.shape[0], H), float("nan"))
+        routed_experts(x, weights, ids, experts.dequantize_gate_up(all_ids, torch.float32), experts.dequantize_down(all_ids, torch.float32), op)
+        results["moe_torch_op"][name] = (dtype, rel(run_moe(x, weights, ids), op.double()))
+
+# the block table: every pair exactly once, blocks within one expert's group
+order, table = nvfp4_gemm.block_table(ids, E, 16)
+flat = ids.reshape(-1).long()
+covered = []
+for b in range(table.shape[1]):
+    expert, first, end = (int(v) for v in table[:, b])
+    if expert < 0:
+        continue
+    rows = order[first:min(first + 16, end)].long()
+    covered += rows.tolist()
+    assert (flat[rows] == expert).all()
+results["checks"].append(["block table covers every pair once", sorted(covered) == list(range(flat.numel()))])
+
+# known-wrong MoE variants
+swap_nibbles = lambda p: ((p >> 4) | (p << 4)).to(torch.uint8)
+fields = vars(experts)
+WRONG_STACKS = {
+    "gate_up_halves_swapped": type(experts)(**(fields | {
+        "gate_up_packed": torch.cat([experts.gate_up_packed[:, I:], experts.gate_up_packed[:, :I]], dim=1),
+        "gate_up_scale": torch.cat([experts.gate_up_scale[:, I:], experts.gate_up_scale[:, :I]], dim=1),
+        "gate_up_scale_2": experts.gate_up_scale_2.flip(1)})),
+    "nibbles_swapped": type(experts)(**(fields | {"gate_up_packed": swap_nibbles(experts.gate_up_packed), "down_packed": swap_nibbles(experts.down_packed)})),
+    "down_scale_2_of_expert_0": type(experts)(**(fields | {"down_scale_2": experts.down_scale_2[:1].expand(E).contiguous()})),
+}
+for case in ("t5-k2-f32", "t40-k2-skew-bf16"):
+    dtype, x, weights, ids = MOE_CASES[case]
+    for name, stack in WRONG_STACKS.items():
+        results["moe_wrong"][f"{name}|{case}"] = (dtype, rel(run_moe(x, weights, ids, stack), references[case]))
+    results["moe_wrong"][f"routing_weight_not_applied|{case}"] = (dtype, rel(run_moe(x, torch.ones_like(weights), ids), references[case]))
+print("JSON" + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def results():
+    output = run_script(SCRIPT, timeout=300)
+    return json.loads(output[output.rindex("JSON") + 4:])
+
+
+def test_gemm_matches_the_float64_product(results):
+    assert len(results["gemm"]) == 10
+    for name, (dtype, error) in results["gemm"].items():
+        assert error < BOUNDS[dtype], (name, error)
+
+
+def test_gemm_rejects_known_wrong_variants(results):
+    assert len(results["gemm_wrong"]) == 3
+    for name, (dtype, error) in results["gemm_wrong"].items():
+        assert error > 10 * BOUNDS[dtype], (name, error)
+
+
+def test_moe_matches_the_float64_experts(results):
+    assert len(results["moe"]) == 7
+    for name, (dtype, error) in results["moe"].items():
+        assert error < BOUNDS[dtype], (name, error)
+
+
+def test_moe_matches_the_torch_op_in_float32(results):
+    assert sorted(results["moe_torch_op"]) == ["t3-k4-f32", "t40-k2-skew-f32", "t5-k2-f32"]
+    for name, (dtype, error) in results["moe_torch_op"].items():
+        assert error < BOUNDS[dtype], (name, error)
+
+
+def test_moe_rejects_known_wrong_variants(results):
+    assert len(results["moe_wrong"]) == 8
+    for name, (dtype, error) in results["moe_wrong"].items():
+        assert error > 10 * BOUNDS[dtype], (name, error)
+
+
+def test_structural_checks(results):
+    failed = [name for name, ok in results["checks"] if not ok]
+    assert not failed and len(results["checks"]) == 3, results["checks"]
+
+
+def test_kernels_compile_for_sm90_without_spills():
+    import os
+    import subprocess
+    import sys
+
+    from kernel_interpreter import REPO
+
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    if result.returncode != 0 and "ptxas" in result.stderr and "No such file" in result.stderr:
+        pytest.skip("Triton's bundled ptxas is not available")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout[result.stdout.rindex("JSON") + 4:])
+    assert len(report) == 7
+    for name, info in report.items():
+        assert info["spill_bytes"] == 0 and info["tensor_cores"], (name, info)
+
+
+def test_cpu_eager_paths_keep_the_torch_ops():
+    from reference_engine.model.linear import _eager_w4a16
+    from reference_engine.quant.linear import w4a16_linear
+
+    assert _eager_w4a16(torch.zeros(2, 16)) is w4a16_linear
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(out).all()
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("tokens", "rows", "columns", "per_row"), [(1024, 8192, 2048, False), (1024, 2048, 4096, False), (65, 512, 2048, True), (1024, 32, 2048, False), (300, 12288, 2048, True)])
+def test_gemm_matches_the_torch_op_on_cuda(tokens, rows, columns, per_row):
+    from reference_engine.kernels.nvfp4_gemv import w4a16_linear, w4a16_linear_rows
+    from reference_engine.quant import linear as torch_linear
+    from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+    generator = torch.Generator().manual_seed(rows + tokens)
+    packed, scale, scale_2 = (t.cuda() for t in quantize_nvfp4(torch.randn(rows, columns, generator=generator) * 0.02))
+    x = torch.randn(tokens, columns, generator=generator).to(torch.bfloat16).cuda()
+    expected = torch.empty(tokens, rows, dtype=torch.float32, device="cuda")
+    out = torch.full((tokens, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+    if per_row:
+        row_scale_2 = scale_2 * torch.linspace(0.5, 2.0, rows, device="cuda")
+        torch_linear.w4a16_linear_rows(x.float(), packed, scale, row_scale_2, expected)
+        w4a16_linear_rows(x, packed, scale, row_scale_2, out)
+    else:
+        torch_linear.w4a16_linear(x.float(), packed, scale, scale_2, expected)
+        w4a16_linear(x, packed, scale, scale_2, out)
+    assert _rel(out, expected) < 1e-2
+
+
+def _cuda_experts(num_experts: int, hidden: int, inter: int, generator: torch.Generator):
+    from reference_engine.kernels.moe_decode import stack_nvfp4_experts
+    from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+    def part(rows, cols):
+        return [quantize_nvfp4((torch.randn(rows, cols, generator=generator) * 0.02).cuda()) for _ in range(num_experts)]
+
+    return stack_nvfp4_experts(part(inter, hidden), part(inter, hidden), part(hidden, inter))
+
+
+@pytest.mark.cuda
+def test_moe_prefill_matches_the_torch_op_on_cuda():
+    from reference_engine.kernels.nvfp4_gemm import nvfp4_moe_prefill
+    from reference_engine.ops.moe import routed_experts
+
+    E, H, I, k, T = 256, 2048, 512, 8, 1024
+    generator = torch.Generator().manual_seed(3)
+    experts = _cuda_experts(E, H, I, generator)
+    x = torch.randn(T, H, generator=generator).to(torch.bfloat16).cuda()
+    logits = torch.randn(T, E, generator=generator) * 2.0
+    logits[:, 7] += 3.0  # one popular expert (several blocks)
+    top = torch.softmax(logits, dim=-1).topk(k, dim=-1)
+    weights = (top.values / top.values.sum(dim=-1, keepdim=True)).cuda()
+    ids = top.indices.int().cuda()
+    all_ids = torch.arange(E, device="cuda")
+    expected = torch.empty(T, H, dtype=torch.float32, device="cuda")
+    routed_experts(x.float(), weights, ids, experts.dequantize_gate_up(all_ids, torch.float32), experts.dequantize_down(all_ids, torch.float32), expected)
+    out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    nvfp4_moe_prefill(x, weights, ids, experts, out)
+    assert _rel(out, expected) < 1e-2
+
+
+@pytest.mark.cuda
+def test_model_wiring_on_cuda():
+    """RoutedExperts (stacked NVFP4, no ops) and Linear (NVFP4 W4A16, M > 64) reach the Triton GEMMs on CUDA."""
+    from reference_engine.model.experts import RoutedExperts
+    from reference_engine.model.linear import Linear
+    from reference_engine.ops.moe import routed_experts
+    from reference_engine.quant.linear import w4a16_linear
+    from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+    E, H, I, k, T = 16, 256, 64, 4, 200
+    generator = torch.Generator().manual_seed(9)
+
+    def linear(rows, cols):
+        packed, scale, scale_2 = (t.cuda() for t in quantize_nvfp4(torch.randn(rows, cols, generator=generator) * 0.05))
+        return Linear(rows, cols, weight_packed=packed, weight_scale=scale, weight_scale_2=scale_2)
+
+    block = RoutedExperts(E, H, I, gate=tuple(linear(I, H) for _ in range(E)), up=tuple(linear(I, H) for _ in range(E)), down=tuple(linear(H, I) for _ in range(E)))
+    assert block.stacked is not None
+    x = torch.randn(T, H, generator=generator).to(torch.bfloat16).cuda()
+    top = torch.rand(T, E, generator=generator).topk(k, dim=-1)
+    weights, ids = (top.values / top.values.sum(-1, keepdim=True)).cuda(), top.indices.int().cuda()
+    out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
+    block(x, weights, ids, out=out)
+    all_ids = torch.arange(E, device="cuda")
+    expected = torch.empty(T, H, dtype=torch.float32, device="cuda")
+    routed_experts(x.float(), weights, ids, block.stacked.dequantize_gate_up(all_ids, torch.float32), block.stacked.dequantize_down(all_ids, torch.float32), expected)
+    assert _rel(out, expected) < 1e-2
+
+    layer = linear(384, H)
+    expected = torch.empty(T, 384, dtype=torch.float32, device="cuda")
+    w4a16_linear(x.float(), layer.weight_packed, layer.weight_scale, layer.weight_scale_2, expected)
+    assert _rel(layer(x), expected) < 1e-2
