@@ -6,7 +6,7 @@ set -u
 OUT="${OUT:-/tmp/bench-out}"; NAME="${NAME:-quick}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
-timeout "${TEST_S:-150}" python3 -m pytest -m cuda -q -x -p no:cacheprovider --timeout 120 tests/reference_engine/kernels \
+timeout "${TEST_S:-150}" python3 -m pytest -m cuda -q -p no:cacheprovider --timeout 120 tests/reference_engine/kernels \
   tests/reference_engine/test_cuda_graphs.py > "$OUT/pytest_$NAME.log" 2>&1
 echo "pytest rc=$? (124: out of time)"; tail -n 20 "$OUT/pytest_$NAME.log"
 timeout "${BENCH_S:-300}" python3 -m toolbox.cli engine bench --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" \
