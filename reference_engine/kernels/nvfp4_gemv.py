@@ -117,11 +117,19 @@ def plan(tokens: int, rows: int, k_bytes: int, sm_count: int) -> tuple[int, int,
     return block_m, block_n, block_kb, split_k
 
 
-def launch_w4a16_gemv(x2d: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor, out2d: torch.Tensor) -> None:
+def launch_w4a16_gemv(
+    x2d: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor, out2d: torch.Tensor,
+    config: tuple[int, int, int, int, int] | None = None,
+) -> None:
     """x2d [M, K] (unit stride along K), out2d [M, N] (unit stride along N); weight_scale_2 one value or
-    float32 [N] (one per row: stacked linears); no validation."""
+    float32 [N] (one per row: stacked linears); no validation. `config` (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K,
+    num_warps) overrides `plan` (the tuning sweep in benchmarks/kernels/ uses it)."""
     tokens, rows, k_bytes = x2d.shape[0], weight_packed.shape[0], weight_packed.shape[1]
-    block_m, block_n, block_kb, split_k = plan(tokens, rows, k_bytes, _sm_count(x2d.device))
+    if config is None:
+        block_m, block_n, block_kb, split_k = plan(tokens, rows, k_bytes, _sm_count(x2d.device))
+        num_warps = 4
+    else:
+        block_m, block_n, block_kb, split_k, num_warps = config
     steps = triton.cdiv(k_bytes, block_kb)
     steps_per_split = triton.cdiv(steps, split_k)
     row_scales = torch.as_tensor(weight_scale_2).numel() == rows and rows > 1
@@ -132,7 +140,7 @@ def launch_w4a16_gemv(x2d: torch.Tensor, weight_packed: torch.Tensor, weight_sca
         x2d, weight_packed, weight_scale, scale_2, target,
         tokens, rows, k_bytes, x2d.stride(0), out2d.stride(0),
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_KB=block_kb,
-        ROW_SCALES=row_scales,
+        ROW_SCALES=row_scales, num_warps=num_warps,
     )
     if split_k > 1:
         block = 256

@@ -1,0 +1,113 @@
+"""Tile sweep of the W4A16 NVFP4 GEMV at the decode shapes of Qwen3.6-35B-A3B (batch 1), on a GPU.
+
+    PYTHONPATH=. python3 benchmarks/kernels/sweep_w4a16_gemv.py results.json
+
+Each configuration (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K, num_warps) is timed as a CUDA graph of
+`CALLS` back-to-back calls, each on its own copy of the weights (copies together > 2x the 60 MB L2,
+so every call streams its weights from HBM as in a real step, where each layer has its own). The
+figure is graph time / CALLS: the in-graph cost of one call, launch gaps included. Bytes: packed
+weights + block scales + x + out. Each configuration's output is checked against the torch op
+(relative Frobenius error) before it is timed. Prints the best configurations per shape and the
+default `plan`'s, and writes every record as JSON. No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+
+import torch
+
+from reference_engine.kernels import nvfp4_gemv
+from reference_engine.quant.linear import w4a16_linear as torch_linear
+from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+SHAPES = {  # name: (N, K)
+    "gdn in_proj qkv+z": (12288, 2048),
+    "gdn out_proj": (2048, 4096),
+    "attn q+k+v": (9216, 2048),
+    "attn o_proj": (2048, 4096),
+    "lm head (nvfp4)": (248320, 2048),
+}
+CALLS = 20
+TOKENS = (1,)  # batch-1 decode; other batch sizes keep the default plan
+COPY_BANDWIDTH = 4.27e12
+
+
+def copies_for(nbytes: int) -> int:
+    return max(2, min(CALLS, -(-130_000_000 // nbytes)))
+
+
+def time_config(x, weights, out, config) -> float:
+    def step():
+        for index in range(CALLS):
+            packed, scale, scale_2 = weights[index % len(weights)]
+            nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2, out, config=config)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    times = []
+    for _ in range(7):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / CALLS)
+    return sorted(times)[len(times) // 2]
+
+
+def main(path: str) -> None:
+    torch.manual_seed(0)
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    records = []
+    for (name, (rows, cols)), tokens in itertools.product(SHAPES.items(), TOKENS):
+        weight = torch.randn(rows, cols, device="cuda") * cols**-0.5
+        packed, scale, scale_2 = quantize_nvfp4(weight)
+        del weight
+        nbytes = packed.numel() + scale.numel() + 4
+        weights = [(packed, scale, scale_2)] + [(packed.clone(), scale.clone(), scale_2) for _ in range(copies_for(nbytes) - 1)]
+        x = torch.randn(tokens, cols, device="cuda").bfloat16()
+        expected = torch.empty(tokens, rows, device="cuda", dtype=torch.bfloat16)
+        torch_linear(x, packed, scale, scale_2, out=expected)
+        moved = nbytes + x.numel() * 2 + tokens * rows * 2
+        default = nvfp4_gemv.plan(tokens, rows, cols // 2, sm)
+        grid = itertools.product((default[0],), (8, 16, 32), (64, 128, 256), (1, 2, 4), (2, 4))
+        configs = sorted(set([(*default, 4)] + [c for c in grid if c[2] <= cols // 2 and not (c[1] == 32 and c[2] == 256)]))
+        if name.startswith("lm head"):
+            configs = [c for c in configs if c[3] == 1]
+        for config in configs:
+            out = torch.full_like(expected, float("nan"))
+            try:
+                nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2, out, config=config)
+                error = float((out.double() - expected.double()).norm() / expected.double().norm())
+                seconds = time_config(x, weights, out, config) * 1e-6 if error < 1e-2 else float("nan")
+            except Exception as failure:  # noqa: BLE001 - a configuration that does not compile is recorded
+                error, seconds = float("nan"), float("nan")
+                print(f"{name} M={tokens} {config}: {type(failure).__name__}: {str(failure)[:100]}")
+            records.append({"shape": name, "N": rows, "K": cols, "tokens": tokens, "config": config, "default": config == (*default, 4),
+                            "us": seconds * 1e6, "bytes": moved, "fraction_of_copy": moved / seconds / COPY_BANDWIDTH, "rel_error": error})  # fmt: skip
+        ok = [r for r in records if r["shape"] == name and r["tokens"] == tokens and r["us"] == r["us"]]
+        ok.sort(key=lambda r: r["us"])
+        base = next((r for r in ok if r["default"]), None)
+        print(f"{name:20s} M={tokens}: default {base['config'] if base else None} {base['us'] if base else float('nan'):.1f} us "
+              f"({base['fraction_of_copy'] if base else float('nan'):.2f} of copy); best "
+              + "; ".join(f"{r['config']} {r['us']:.1f} us ({r['fraction_of_copy']:.2f})" for r in ok[:3]))  # fmt: skip
+        del weights
+        torch.cuda.empty_cache()
+        with open(path, "w") as handle:
+            json.dump(records, handle, indent=1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print(__doc__)
+        raise SystemExit(2)
+    main(sys.argv[1])
