@@ -13,3 +13,7 @@ timeout "${BENCH_S:-300}" python3 -m toolbox.cli engine bench --out-dir "$OUT" -
   --output-tokens "${TOKENS:-64}" --batch-sizes "${BATCHES:-1,8,32}" ${PEER:---no-peer} "$@" > "$OUT/bench_$NAME.log" 2>&1
 echo "bench rc=$? (1: gate failed, 124: out of time)"; tail -n 80 "$OUT/bench_$NAME.log"
 for f in "$OUT"/*.md; do [ -f "$f" ] && cat "$f"; done
+if [ -n "${FP32_GATE:-}" ]; then
+  timeout "${FP32_GATE_S:-150}" python3 benchmarks/gate_float32.py > "$OUT/gate_float32_$NAME.log" 2>&1
+  echo "float32 gate rc=$?"; tail -n 5 "$OUT/gate_float32_$NAME.log"
+fi

@@ -198,3 +198,17 @@ def test_bench_tiny_on_cuda_with_graphs(tmp_path) -> None:
         and document["profile"]["kernels"]
     )
     assert (tmp_path / "tiny-cuda.md").is_file()
+
+
+def test_bf16_gate_is_measured_against_the_float32_twin_and_catches_a_wrong_fast_path(wrong_decode_attention) -> None:
+    model = build_preset("tiny", seed=1, dtype=torch.bfloat16, quantize="nvfp4")
+    result = run_gate(model, load_tokenizer("tiny"), "static", num_prompts=2, decode_steps=4)
+    assert result.reference == "float32 twin (eager)" and result.plain is not None
+    assert not result.passed and result.kl_mean > 2 * result.plain["kl_mean"] + 1e-3, result.message
+
+
+def test_bf16_gate_passes_the_static_path() -> None:
+    model = build_preset("tiny", seed=1, dtype=torch.bfloat16, quantize="nvfp4")
+    result = run_gate(model, load_tokenizer("tiny"), "static", num_prompts=2, decode_steps=4)
+    assert result.passed, result.message
+    assert 0 < result.plain["kl_mean"] < 1e-2  # the plain bf16 path differs from float32 by rounding only
