@@ -107,6 +107,7 @@ class StaticDecoder:
         staged = rows * (5 + max_blocks_per_seq)
         self.staging = torch.zeros(staged, dtype=torch.int64, device=device)  # the step's integers, unpacked by the step
         self._host = torch.zeros(staged, dtype=torch.int64, pin_memory=device.type == "cuda")  # pinned on CUDA: async copy
+        self._last_values: dict[int, list[int]] = {}  # bucket -> the integers last staged for it
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._pool = None
@@ -169,7 +170,16 @@ class StaticDecoder:
         count = len(values)  # 5 * bucket + bucket * width
         self._host[:count] = torch.tensor(values, dtype=torch.int64)
         self.staging[:count].copy_(self._host[:count], non_blocking=self._host.is_pinned())
+        self._last_values[bucket] = values
         return bucket
+
+    def restage(self, bucket: int) -> None:
+        """Stage again the last inputs staged for `bucket` (timing replays of that bucket's graph: `staging`
+        may since hold another bucket's layout, which that graph would misread)."""
+        if bucket not in self._last_values:
+            raise ValueError(f"no step of bucket {bucket} has been staged")
+        values = self._last_values[bucket]
+        self.staging[: len(values)].copy_(torch.tensor(values, dtype=torch.int64))
 
     def _unpack(self, bucket: int) -> None:
         """staging -> the static input buffers (inside the graph when captured)."""

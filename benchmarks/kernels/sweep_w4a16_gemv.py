@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/kernels/sweep_w4a16_gemv.py results.json
 
-Each configuration (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K, num_warps) is timed as a CUDA graph of
+Each configuration (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K, num_warps, K loop: 0 plain, 1 unrolled, 3 pipelined in 3 stages) is timed as a CUDA graph of
 `CALLS` back-to-back calls, each on its own copy of the weights (copies together > 2x the 60 MB L2,
 so every call streams its weights from HBM as in a real step, where each layer has its own). The
 figure is graph time / CALLS: the in-graph cost of one call, launch gaps included. Bytes: packed
@@ -27,7 +27,6 @@ SHAPES = {  # name: (N, K)
     "gdn in_proj qkv+z": (12288, 2048),
     "gdn out_proj": (2048, 4096),
     "attn q+k+v": (9216, 2048),
-    "attn o_proj": (2048, 4096),
     "lm head (nvfp4)": (248320, 2048),
 }
 CALLS = 20
@@ -79,10 +78,11 @@ def main(path: str) -> None:
         torch_linear(x, packed, scale, scale_2, out=expected)
         moved = nbytes + x.numel() * 2 + tokens * rows * 2
         default = nvfp4_gemv.plan(tokens, rows, cols // 2, sm)
-        grid = itertools.product((default[0],), (8, 16, 32), (64, 128, 256), (1, 2, 4), (2, 4))
-        configs = sorted(set([(*default, 4)] + [c for c in grid if c[2] <= cols // 2 and not (c[1] == 32 and c[2] == 256)]))
-        if name.startswith("lm head"):
-            configs = [c for c in configs if c[3] == 1]
+        splits = (1, 2) if rows * tokens < 4096 else (1,)  # split-K only where the rows alone cannot fill the SMs
+        grid = itertools.product((default[0],), (8, 16, 32), (128, 256, 512), splits, (4,), (0, 1, 3))
+        configs = sorted(set([(*default, 4, 0)] + [
+            c for c in grid if c[2] <= cols // 2 and 2048 <= c[1] * c[2] <= 8192 and (c[4] == 4 or c[1] * c[2] >= 4096)
+        ]))
         for config in configs:
             out = torch.full_like(expected, float("nan"))
             try:
@@ -92,7 +92,7 @@ def main(path: str) -> None:
             except Exception as failure:  # noqa: BLE001 - a configuration that does not compile is recorded
                 error, seconds = float("nan"), float("nan")
                 print(f"{name} M={tokens} {config}: {type(failure).__name__}: {str(failure)[:100]}")
-            records.append({"shape": name, "N": rows, "K": cols, "tokens": tokens, "config": config, "default": config == (*default, 4),
+            records.append({"shape": name, "N": rows, "K": cols, "tokens": tokens, "config": config, "default": config == (*default, 4, 0),
                             "us": seconds * 1e6, "bytes": moved, "fraction_of_copy": moved / seconds / COPY_BANDWIDTH, "rel_error": error})  # fmt: skip
         ok = [r for r in records if r["shape"] == name and r["tokens"] == tokens and r["us"] == r["us"]]
         ok.sort(key=lambda r: r["us"])

@@ -86,31 +86,42 @@ def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, B
 @triton.jit
 def _nvfp4_gate_up(
     w_ptr, scale_ptr, scale_2_ptr, gate_row, row_ok, x_row, H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    LOOP: tl.constexpr = 0,
 ):
     """(gate, up) [BN] float32: packed gate rows `gate_row` [BN] (int64) and up rows gate_row + I against x_row,
     times the tensor scales scale_2_ptr[0] (gate) and scale_2_ptr[1] (up)."""
     gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
     up = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for byte0 in range(0, H // 2, BLOCK_K):
-        gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
-        up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+    if LOOP == 1:  # unrolled: all of the row's loads may be in flight at once
+        for byte0 in tl.static_range(0, H // 2, BLOCK_K):
+            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+    elif LOOP > 1:  # software-pipelined, LOOP stages
+        for byte0 in tl.range(0, H // 2, BLOCK_K, num_stages=LOOP):
+            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+    else:
+        for byte0 in range(0, H // 2, BLOCK_K):
+            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
     return gate * (tl.load(scale_2_ptr) * 16384.0), up * (tl.load(scale_2_ptr + 1) * 16384.0)
 
 
 @triton.jit
 def _routed_nvfp4_gate_up(
     ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    LOOP: tl.constexpr = 0,
 ):
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     gate_row = expert * 2 * I + rows  # row index in the [E * 2I, ...] view
-    return _nvfp4_gate_up(w_ptr, scale_ptr, scale_2_ptr + expert * 2, gate_row, row_ok, x_row, H, I, BLOCK_N, BLOCK_K)
+    return _nvfp4_gate_up(w_ptr, scale_ptr, scale_2_ptr + expert * 2, gate_row, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP)
 
 
 @triton.jit
 def _gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False,
+    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0,
 ):
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K  # slots per token; with SHARED the last one is the shared expert
     pair = tl.program_id(0)  # t * SLOTS + j
@@ -121,11 +132,11 @@ def _gate_up_kernel(
     if WEIGHT_NVFP4:
         if SHARED:
             if pair % SLOTS == TOP_K:  # uniform per program: the shared expert's own tensors
-                gate, up = _nvfp4_gate_up(shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, rows.to(tl.int64), row_ok, x_row, H, I, BLOCK_N, BLOCK_K)
+                gate, up = _nvfp4_gate_up(shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, rows.to(tl.int64), row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP)
             else:
-                gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K)
+                gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP)
         else:
-            gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K)
+            gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP)
     else:
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         gate_row = expert * 2 * I + rows
@@ -140,31 +151,44 @@ def _gate_up_kernel(
 
 
 @triton.jit
+def _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, pair, rows, row_ok, H: tl.constexpr, I: tl.constexpr,
+               WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr):
+    """weight * (down_e rows @ act) [BH] float32 for one (token, slot) pair of a routed expert."""
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    weight = tl.load(weights_ptr + pair)
+    act_row = act_ptr + pair.to(tl.int64) * I
+    down_row = expert * H + rows
+    partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    if WEIGHT_NVFP4:
+        for byte0 in tl.static_range(0, I // 2, BLOCK_I):
+            partial += _nvfp4_rows_dot(w_ptr, scale_ptr, down_row, row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I)
+        partial *= tl.load(scale_2_ptr + expert) * 16384.0
+    else:
+        for i0 in tl.static_range(0, I, BLOCK_I):
+            partial += _dense_rows_dot(w_ptr, down_row * I, row_ok, act_row, I, i0, BLOCK_I)
+    return weight * partial
+
+
+@triton.jit
 def _down_kernel(
     act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, out_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
-    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False,
+    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0,
 ):
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K
     token = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_ok = rows < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for j in range(TOP_K):
-        pair = token * SLOTS + j
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        weight = tl.load(weights_ptr + pair)
-        act_row = act_ptr + pair.to(tl.int64) * I
-        down_row = expert * H + rows
-        partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
-        if WEIGHT_NVFP4:
-            for byte0 in range(0, I // 2, BLOCK_I):
-                partial += _nvfp4_rows_dot(w_ptr, scale_ptr, down_row, row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I)
-            partial *= tl.load(scale_2_ptr + expert) * 16384.0
-        else:
-            for i0 in range(0, I, BLOCK_I):
-                partial += _dense_rows_dot(w_ptr, down_row * I, row_ok, act_row, I, i0, BLOCK_I)
-        acc += weight * partial
+    if LOOP == 1:  # unrolled over the experts: their loads may all be in flight
+        for j in tl.static_range(TOP_K):
+            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I)
+    elif LOOP > 1:  # pipelined over the experts
+        for j in tl.range(TOP_K, num_stages=LOOP):
+            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I)
+    else:
+        for j in range(TOP_K):
+            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I)
     if SHARED:  # the last slot: the shared expert, weight = sigmoid(its gate logit)
         pair = token * SLOTS + TOP_K
         act_row = act_ptr + pair.to(tl.int64) * I
@@ -173,6 +197,12 @@ def _down_kernel(
             partial += _nvfp4_rows_dot(shared_w_ptr, shared_scale_ptr, rows.to(tl.int64), row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I)
         acc += tl.load(weights_ptr + pair) * (partial * (tl.load(shared_scale_2_ptr) * 16384.0))
     tl.store(out_ptr + token.to(tl.int64) * H + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
+
+
+# Tiles and loop form (benchmarks/kernels/time_moe_decode.py compares settings on the GPU):
+LOOP = 0  # loops over K (gate/up) and over the experts (down): 0 plain, 1 unrolled, n >= 2 pipelined n stages
+GATE_UP_BLOCK_N, GATE_UP_BLOCK_K = 16, 128  # rows of gate (and of up) per program, packed bytes per K step
+DOWN_BLOCK_H, DOWN_BLOCK_I = 16, 128  # output rows per program, packed bytes per K step
 
 
 def _launch(
@@ -193,24 +223,24 @@ def _launch(
     # Under the interpreter the activation is written in float32 and rounded by torch (the interpreter truncates).
     act_dtype = torch.float32 if interpreting() else x.dtype
     act = torch.empty(num_tokens * slots, intermediate, dtype=act_dtype, device=x.device)  # [T*slots, I]
-    block_n = min(16, triton.next_power_of_2(intermediate))
-    block_k = min(128, triton.next_power_of_2(hidden // 2 if nvfp4 else hidden))
+    block_n = min(GATE_UP_BLOCK_N, triton.next_power_of_2(intermediate))
+    block_k = min(GATE_UP_BLOCK_K, triton.next_power_of_2(hidden // 2 if nvfp4 else hidden))
     x = x.contiguous()
     ids = topk_ids.contiguous()
     _gate_up_kernel[(num_tokens * slots, triton.cdiv(intermediate, block_n))](
         x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
-        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k,
+        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=LOOP,
         **gate_up_shared,
     )
     if act.dtype != x.dtype:
         act = act.to(x.dtype).to(act_dtype)  # round-to-nearest-even into x's dtype, as on the GPU
-    block_h = min(16, triton.next_power_of_2(hidden))
-    block_i = min(128, triton.next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
+    block_h = min(DOWN_BLOCK_H, triton.next_power_of_2(hidden))
+    block_i = min(DOWN_BLOCK_I, triton.next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
     buffer = staging_buffer(out)
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     _down_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         act, ids, topk_weights.contiguous(), down, down_scale, down_scale_2, target, hidden, intermediate,
-        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i,
+        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i, LOOP=LOOP,
         **down_shared,
     )
     if target is not buffer:

@@ -26,6 +26,7 @@ from reference_engine.quant.linear import _check_linear, _check_row_scales
 MAX_GEMV_TOKENS = 64
 E2M1_FROM_HALF_BITS = 16384.0  # 2^14: float16 with the E2M1 bits placed at 11..9 is value * 2^-14
 _SM_COUNT_DEFAULT = 132
+LOOP = 0  # the K loop: 0 plain, 1 unrolled (tl.static_range), n >= 2 pipelined n stages (tl.range); benchmarks/kernels/ compares
 
 
 @triton.jit
@@ -37,12 +38,39 @@ def _decode_e2m1(codes):
 
 
 @triton.jit
+def _gemv_step(x_ptr, packed_ptr, scale_ptr, scale_2, byte0, rows, row_ok, tokens, token_ok, K_BYTES, k_blocks, stride_xm,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr):
+    """One K step: [BM, BN] partial products of BLOCK_KB packed bytes (2 * BLOCK_KB elements) per row."""
+    byte_cols = tl.arange(0, BLOCK_KB)  # [KB] bytes = 2 * KB elements
+    block_cols = tl.arange(0, BLOCK_KB // 8)  # [KB/8] scale blocks of 16 elements
+    bytes_ok = (byte0 + byte_cols) < K_BYTES
+    packed = tl.load(
+        packed_ptr + rows[:, None].to(tl.int64) * K_BYTES + (byte0 + byte_cols)[None, :],
+        mask=row_ok[:, None] & bytes_ok[None, :], other=0,
+    )  # [BN, KB] uint8
+    blocks_ok = (byte0 // 8 + block_cols) < k_blocks
+    scale = tl.load(
+        scale_ptr + rows[:, None].to(tl.int64) * k_blocks + (byte0 // 8 + block_cols)[None, :],
+        mask=row_ok[:, None] & blocks_ok[None, :], other=0.0,
+    ).to(tl.float32) * scale_2  # [BN, KB/8]
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_KB // 8, 8)), (BLOCK_N, BLOCK_KB))
+    w_even = _decode_e2m1(packed & 0xF) * scale  # elements 2j   [BN, KB]
+    w_odd = _decode_e2m1(packed >> 4) * scale  # elements 2j+1 [BN, KB]
+    elements = 2 * byte0 + tl.arange(0, 2 * BLOCK_KB)  # contiguous x, split into even / odd in registers
+    x_pairs = tl.load(
+        x_ptr + tokens[:, None] * stride_xm + elements[None, :], mask=token_ok[:, None] & (elements < 2 * K_BYTES)[None, :], other=0.0,
+    ).to(tl.float32)  # [BM, 2 KB]
+    x_even, x_odd = tl.split(tl.reshape(x_pairs, (BLOCK_M, BLOCK_KB, 2)))  # [BM, KB] each
+    return tl.sum(x_even[:, None, :] * w_even[None, :, :] + x_odd[:, None, :] * w_odd[None, :, :], axis=2)
+
+
+@triton.jit
 def _w4a16_gemv_kernel(
     x_ptr, packed_ptr, scale_ptr, scale_2_ptr, out_ptr,
     M, N, K_BYTES,
     stride_xm, stride_om,
     STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
-    ROW_SCALES: tl.constexpr,
+    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -51,35 +79,24 @@ def _w4a16_gemv_kernel(
     tokens = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
     row_ok = rows < N
     token_ok = tokens < M
-    byte_cols = tl.arange(0, BLOCK_KB)  # [KB] bytes = 2 * KB elements
-    block_cols = tl.arange(0, BLOCK_KB // 8)  # [KB/8] scale blocks of 16 elements
     if ROW_SCALES:  # stacked linears: one tensor scale per output row [N]
         scale_2 = tl.load(scale_2_ptr + rows, mask=row_ok, other=0.0)[:, None] * 16384.0  # [BN, 1]
     else:
         scale_2 = tl.load(scale_2_ptr) * 16384.0
     k_blocks = K_BYTES // 8
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(STEPS_PER_SPLIT):
-        byte0 = (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB
-        bytes_ok = (byte0 + byte_cols) < K_BYTES
-        packed = tl.load(
-            packed_ptr + rows[:, None].to(tl.int64) * K_BYTES + (byte0 + byte_cols)[None, :],
-            mask=row_ok[:, None] & bytes_ok[None, :], other=0,
-        )  # [BN, KB] uint8
-        blocks_ok = (byte0 // 8 + block_cols) < k_blocks
-        scale = tl.load(
-            scale_ptr + rows[:, None].to(tl.int64) * k_blocks + (byte0 // 8 + block_cols)[None, :],
-            mask=row_ok[:, None] & blocks_ok[None, :], other=0.0,
-        ).to(tl.float32) * scale_2  # [BN, KB/8]
-        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_KB // 8, 8)), (BLOCK_N, BLOCK_KB))
-        w_even = _decode_e2m1(packed & 0xF) * scale  # elements 2j   [BN, KB]
-        w_odd = _decode_e2m1(packed >> 4) * scale  # elements 2j+1 [BN, KB]
-        elements = 2 * byte0 + tl.arange(0, 2 * BLOCK_KB)  # contiguous x, split into even / odd in registers
-        x_pairs = tl.load(
-            x_ptr + tokens[:, None] * stride_xm + elements[None, :], mask=token_ok[:, None] & (elements < 2 * K_BYTES)[None, :], other=0.0,
-        ).to(tl.float32)  # [BM, 2 KB]
-        x_even, x_odd = tl.split(tl.reshape(x_pairs, (BLOCK_M, BLOCK_KB, 2)))  # [BM, KB] each
-        acc += tl.sum(x_even[:, None, :] * w_even[None, :, :] + x_odd[:, None, :] * w_odd[None, :, :], axis=2)
+    if LOOP == 1:  # unrolled: every step's loads may be issued before the first product
+        for step in tl.static_range(STEPS_PER_SPLIT):
+            acc += _gemv_step(x_ptr, packed_ptr, scale_ptr, scale_2, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB, rows, row_ok, tokens, token_ok,
+                              K_BYTES, k_blocks, stride_xm, BLOCK_M, BLOCK_N, BLOCK_KB)  # fmt: skip
+    elif LOOP > 1:  # software-pipelined: LOOP iterations' loads in flight
+        for step in tl.range(STEPS_PER_SPLIT, num_stages=LOOP):
+            acc += _gemv_step(x_ptr, packed_ptr, scale_ptr, scale_2, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB, rows, row_ok, tokens, token_ok,
+                              K_BYTES, k_blocks, stride_xm, BLOCK_M, BLOCK_N, BLOCK_KB)  # fmt: skip
+    else:
+        for step in range(STEPS_PER_SPLIT):
+            acc += _gemv_step(x_ptr, packed_ptr, scale_ptr, scale_2, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB, rows, row_ok, tokens, token_ok,
+                              K_BYTES, k_blocks, stride_xm, BLOCK_M, BLOCK_N, BLOCK_KB)  # fmt: skip
     out_mask = token_ok[:, None] & row_ok[None, :]
     if SPLIT_K == 1:
         tl.store(out_ptr + tokens[:, None] * stride_om + rows[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -119,17 +136,18 @@ def plan(tokens: int, rows: int, k_bytes: int, sm_count: int) -> tuple[int, int,
 
 def launch_w4a16_gemv(
     x2d: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor, out2d: torch.Tensor,
-    config: tuple[int, int, int, int, int] | None = None,
+    config: tuple[int, ...] | None = None,
 ) -> None:
     """x2d [M, K] (unit stride along K), out2d [M, N] (unit stride along N); weight_scale_2 one value or
     float32 [N] (one per row: stacked linears); no validation. `config` (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K,
-    num_warps) overrides `plan` (the tuning sweep in benchmarks/kernels/ uses it)."""
+    num_warps[, LOOP]) overrides `plan` (the tuning sweep in benchmarks/kernels/ uses it)."""
     tokens, rows, k_bytes = x2d.shape[0], weight_packed.shape[0], weight_packed.shape[1]
     if config is None:
         block_m, block_n, block_kb, split_k = plan(tokens, rows, k_bytes, _sm_count(x2d.device))
-        num_warps = 4
+        num_warps, loop = 4, LOOP
     else:
-        block_m, block_n, block_kb, split_k, num_warps = config
+        block_m, block_n, block_kb, split_k, num_warps, *rest = config
+        loop = int(rest[0]) if rest else LOOP
     steps = triton.cdiv(k_bytes, block_kb)
     steps_per_split = triton.cdiv(steps, split_k)
     row_scales = torch.as_tensor(weight_scale_2).numel() == rows and rows > 1
@@ -140,7 +158,7 @@ def launch_w4a16_gemv(
         x2d, weight_packed, weight_scale, scale_2, target,
         tokens, rows, k_bytes, x2d.stride(0), out2d.stride(0),
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_KB=block_kb,
-        ROW_SCALES=row_scales, num_warps=num_warps,
+        ROW_SCALES=row_scales, LOOP=loop, num_warps=num_warps,
     )
     if split_k > 1:
         block = 256

@@ -222,3 +222,17 @@ def test_static_decode_with_every_triton_kernel_matches_eager_under_the_interpre
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(here.parents[1]), str(here), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, "-c", _TRITON_STATIC_SCRIPT], cwd=here.parents[1], env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout[-2000:] + result.stderr[-4000:]
+
+
+def test_restage_puts_back_a_bucket_s_inputs_after_a_smaller_step() -> None:
+    """Timing replays of bucket 4's graph after a bucket-2 step must see bucket 4's layout again."""
+    model = build_preset("tiny", seed=3)
+    prompts = _prompts(4, model.config.vocab_size, seed=2)
+    _, _, engine = _decode_logits(model, "static", prompts, steps=2)
+    decoder = engine.runner.decoder
+    staged_4 = decoder._last_values[4]
+    decoder.staging.fill_(-7)
+    decoder.restage(4)
+    assert decoder.staging[: len(staged_4)].tolist() == staged_4
+    with pytest.raises(ValueError, match="no step of bucket 8"):
+        decoder.restage(8)

@@ -1,0 +1,103 @@
+"""Time the fused MoE decode block (router GEMV, router top-k + shared slot, gate/up, down) at the real shape.
+
+    PYTHONPATH=. python3 benchmarks/kernels/time_moe_decode.py results.json
+
+E=256 experts, H=2048, I=512, top-8 plus the shared expert, NVFP4 weights. Four copies of a layer's
+experts (about 1.6 GB, far over the 60 MB L2) alternate inside a CUDA graph of 8 calls, so each call
+streams its weights from HBM as in a real step. For each tile / loop setting of
+`reference_engine.kernels.moe_decode` and batch 1, 8, 32: output checked against the torch op, then
+microseconds per call (graph time / calls) and the bytes of the experts it touched over that time.
+No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+
+import torch
+
+from reference_engine.kernels import moe_decode
+from reference_engine.ops import static_moe
+from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+E, H, I, TOP_K, COPIES, CALLS = 256, 2048, 512, 8, 4, 8
+SETTINGS = [  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I)
+    (0, 16, 128, 16, 128), (1, 16, 128, 16, 128), (3, 16, 128, 16, 128),
+    (1, 8, 256, 8, 256), (1, 16, 256, 8, 256), (1, 8, 512, 8, 256), (3, 8, 256, 8, 256), (1, 4, 512, 4, 256),
+]
+
+
+def quantized(rows: int, cols: int, groups: int):
+    packed, scale, scale_2 = quantize_nvfp4(torch.randn(rows, cols, device="cuda") * cols**-0.5)
+    return packed.view(groups, rows // groups, cols // 2), scale.view(groups, rows // groups, cols // 16), scale_2
+
+
+def layer():
+    gate_up, gu_scale, gu_s2 = quantized(E * 2 * I, H, E)
+    down, d_scale, d_s2 = quantized(E * H, I, E)
+    experts = static_moe.StackedNvfp4Experts(gate_up, gu_scale, gu_s2.reshape(1, 1).expand(E, 2).contiguous(), down, d_scale,
+                                            d_s2.reshape(1).expand(E).contiguous())  # fmt: skip
+    s_gate_up, s_gu_scale, s_gu_s2 = quantized(2 * I, H, 1)
+    s_down, s_d_scale, s_d_s2 = quantized(H, I, 1)
+    shared = static_moe.SharedNvfp4Expert(s_gate_up[0], s_gu_scale[0], s_gu_s2.reshape(1).expand(2).contiguous(), s_down[0], s_d_scale[0], s_d_s2.reshape(()))
+    router = (torch.randn(E + 1, H, device="cuda") * H**-0.5).bfloat16()
+    return experts, shared, router
+
+
+def main(path: str) -> None:
+    torch.manual_seed(0)
+    layers = [layer() for _ in range(COPIES)]
+    records = []
+    for tokens in (1, 8, 32):
+        xs = [torch.randn(tokens, H, device="cuda").bfloat16() for _ in range(COPIES)]
+        outs = [torch.empty(tokens, H, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        expected = torch.empty_like(outs[0])
+        static_moe.moe_block_decode(xs[0], layers[0][2], layers[0][0], layers[0][1], TOP_K, out=expected)
+        for setting in SETTINGS:
+            moe_decode.LOOP, moe_decode.GATE_UP_BLOCK_N, moe_decode.GATE_UP_BLOCK_K, moe_decode.DOWN_BLOCK_H, moe_decode.DOWN_BLOCK_I = setting
+            try:
+                check = torch.full_like(expected, float("nan"))
+                moe_decode.moe_block_decode(xs[0], layers[0][2], layers[0][0], layers[0][1], TOP_K, out=check)
+                error = float((check.double() - expected.double()).norm() / expected.double().norm())
+
+                def step():
+                    for index in range(CALLS):
+                        experts, shared, router = layers[index % COPIES]
+                        moe_decode.moe_block_decode(xs[index % COPIES], router, experts, shared, TOP_K, out=outs[index % COPIES])
+
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    step()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    step()
+                times = []
+                for _ in range(7):
+                    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    graph.replay()
+                    stop.record()
+                    stop.synchronize()
+                    times.append(start.elapsed_time(stop) * 1e3 / CALLS)
+                us = sorted(times)[len(times) // 2]
+            except Exception as failure:  # noqa: BLE001 - a setting that fails is recorded
+                error, us = float("nan"), float("nan")
+                print(f"T={tokens} {setting}: {type(failure).__name__}: {str(failure)[:120]}")
+            distinct = E * (1 - (1 - TOP_K / E) ** tokens) + 1  # expected experts touched, plus the shared one
+            moved = distinct * (3 * I * H // 2 + 3 * I * H // 16) + (E + 1) * H * 2
+            records.append({"tokens": tokens, "setting": setting, "us": us, "rel_error": error, "bytes": moved,
+                            "fraction_of_copy": moved / (us * 1e-6) / 4.27e12 if us == us else None})  # fmt: skip
+            print(f"T={tokens:2d} loop/tiles {setting}: {us:7.1f} us, error {error:.1e}, {moved / (us * 1e-6) / 1e12 if us == us else 0:.2f} TB/s")
+        with open(path, "w") as handle:
+            json.dump(records, handle, indent=1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print(__doc__)
+        raise SystemExit(2)
+    main(sys.argv[1])
