@@ -92,7 +92,7 @@ def main(path: str) -> None:
             except Exception as failure:  # noqa: BLE001 - a configuration that does not compile is recorded
                 error, seconds = float("nan"), float("nan")
                 print(f"{name} M={tokens} {config}: {type(failure).__name__}: {str(failure)[:100]}")
-            records.append({"shape": name, "N": rows, "K": cols, "tokens": tokens, "config": config, "default": config == (*default, 4, 0),
+            records.append({"shape": name, "N": rows, "K": cols, "tokens": tokens, "config": config, "default": config == (*default, 4, 0), "k_bytes": cols // 2,
                             "us": seconds * 1e6, "bytes": moved, "fraction_of_copy": moved / seconds / COPY_BANDWIDTH, "rel_error": error})  # fmt: skip
         ok = [r for r in records if r["shape"] == name and r["tokens"] == tokens and r["us"] == r["us"]]
         ok.sort(key=lambda r: r["us"])

@@ -26,6 +26,7 @@ from reference_engine.quant.linear import _check_linear, _check_row_scales
 MAX_GEMV_TOKENS = 64
 E2M1_FROM_HALF_BITS = 16384.0  # 2^14: float16 with the E2M1 bits placed at 11..9 is value * 2^-14
 _SM_COUNT_DEFAULT = 132
+TUNED: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (tokens, rows, k_bytes) -> measured config (kernels/tuning.py)
 LOOP = 0  # the K loop: 0 plain, 1 unrolled (tl.static_range), n >= 2 pipelined n stages (tl.range); benchmarks/kernels/ compares
 
 
@@ -142,6 +143,8 @@ def launch_w4a16_gemv(
     float32 [N] (one per row: stacked linears); no validation. `config` (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K,
     num_warps[, LOOP]) overrides `plan` (the tuning sweep in benchmarks/kernels/ uses it)."""
     tokens, rows, k_bytes = x2d.shape[0], weight_packed.shape[0], weight_packed.shape[1]
+    if config is None:
+        config = TUNED.get((tokens, rows, k_bytes))
     if config is None:
         block_m, block_n, block_kb, split_k = plan(tokens, rows, k_bytes, _sm_count(x2d.device))
         num_warps, loop = 4, LOOP

@@ -127,11 +127,17 @@ def triton_kernels() -> dict[str, Callable]:
 
 
 def select_ops(device: str, use_triton: bool = True) -> OpSet:
-    """Torch ops, with the Triton kernels that exist swapped in on CUDA (compute capability >= 9.0)."""
+    """Torch ops, with the Triton kernels that exist swapped in on CUDA (compute capability >= 9.0), and the
+    card's measured kernel settings (`kernels/tuned/<device>.json`) applied where that file exists."""
+    import torch
+
     ops = torch_ops()
     capability = _cuda_capability(device)
     if not use_triton or capability is None or capability < (9, 0) or not triton_available():
         return ops
     kernels = triton_kernels()
+    from reference_engine.kernels.tuning import apply_for_device
+
+    apply_for_device(torch.cuda.get_device_name(torch.device(device)))  # measured tiles for this card, where recorded
     backends = dict(ops.backends) | {name: "triton" for name in kernels}
     return replace(ops, **kernels, backends=backends)

@@ -1,0 +1,59 @@
+"""Turn the GPU timing records into a tuning file (`reference_engine/kernels/tuning.py` reads it).
+
+    PYTHONPATH=. python3 benchmarks/kernels/write_tuning.py gemv_sweep.json moe_times.json OUT.json
+
+GEMV: per shape, the fastest configuration whose output matched the torch op, kept only when it beats
+the default `plan` by more than 3% (smaller differences are within run-to-run spread). MoE: the setting
+with the least sum over batch sizes of (time / that batch size's best time), i.e. good at every batch
+size rather than best at one. The device name is read from the GPU this runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+
+def gemv_entries(records: list[dict]) -> list[dict]:
+    entries = []
+    for key in sorted({(r["tokens"], r["N"], r["K"]) for r in records}):
+        rows = [r for r in records if (r["tokens"], r["N"], r["K"]) == key and r["us"] == r["us"] and r["rel_error"] < 1e-2]
+        if not rows:
+            continue
+        best = min(rows, key=lambda r: r["us"])
+        default = next((r for r in rows if r["default"]), None)
+        if default is None or best["us"] < 0.97 * default["us"]:
+            entries.append({"tokens": key[0], "rows": key[1], "k_bytes": key[2] // 2, "config": list(best["config"])})
+    return entries
+
+
+def moe_setting(records: list[dict]) -> dict | None:
+    ok = [r for r in records if r["us"] == r["us"] and r["rel_error"] < 1e-2]
+    if not ok:
+        return None
+    best_per_batch = {t: min(r["us"] for r in ok if r["tokens"] == t) for t in {r["tokens"] for r in ok}}
+    settings = {tuple(r["setting"]) for r in ok}
+    complete = [s for s in settings if all(any(tuple(r["setting"]) == s and r["tokens"] == t for r in ok) for t in best_per_batch)]
+    choice = min(complete, key=lambda s: sum(r["us"] / best_per_batch[r["tokens"]] for r in ok if tuple(r["setting"]) == s))
+    return dict(zip(("LOOP", "GATE_UP_BLOCK_N", "GATE_UP_BLOCK_K", "DOWN_BLOCK_H", "DOWN_BLOCK_I"), choice))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 4:
+        print(__doc__)
+        raise SystemExit(2)
+    tuning: dict = {"device": torch.cuda.get_device_name(0)}
+    for path, key, build in ((sys.argv[1], "nvfp4_gemv", gemv_entries), (sys.argv[2], "moe_decode", moe_setting)):
+        try:
+            records = json.load(open(path))
+        except (OSError, ValueError) as error:
+            print(f"{path}: {error}; {key} left untuned")
+            continue
+        value = build(records)
+        if value:
+            tuning[key] = value
+    with open(sys.argv[3], "w") as handle:
+        json.dump(tuning, handle, indent=1)
+    print(json.dumps(tuning))

@@ -1,0 +1,74 @@
+"""Measured kernel settings per device: GEMV tiles per shape and the MoE decode kernels' tiles and loop form.
+
+A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on the device itself:
+
+    {"device": "NVIDIA H200",
+     "nvfp4_gemv": [{"tokens": 1, "rows": 12288, "k_bytes": 1024, "config": [1, 16, 256, 1, 4, 1]}, ...],
+     "moe_decode": {"LOOP": 1, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 256, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 256}}
+
+`apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
+their measured configuration (others keep `nvfp4_gemv.plan`), the MoE settings replace the module
+defaults. `apply_for_device(name)` applies `reference_engine/kernels/tuned/<device>.json` when one exists
+for that device (the Triton op set calls it). Settings change speed only: every configuration computes
+the same function (the scripts check each output against the torch op before timing it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TUNED_DIR = Path(__file__).resolve().parent / "tuned"
+
+
+class GemvEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens: int = Field(ge=1)
+    rows: int = Field(ge=1)
+    k_bytes: int = Field(ge=1)
+    config: tuple[int, int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K, num_warps, LOOP
+
+
+class MoeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    LOOP: int = Field(ge=0, le=8)
+    GATE_UP_BLOCK_N: int = Field(ge=1, le=128)
+    GATE_UP_BLOCK_K: int = Field(ge=16, le=2048)
+    DOWN_BLOCK_H: int = Field(ge=1, le=128)
+    DOWN_BLOCK_I: int = Field(ge=16, le=2048)
+
+
+class TuningFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    device: str
+    nvfp4_gemv: list[GemvEntry] = []
+    moe_decode: MoeSettings | None = None
+
+
+def device_file(device_name: str) -> Path:
+    return TUNED_DIR / (re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") + ".json")
+
+
+def apply_tuning(path: str | Path) -> TuningFile:
+    """Validate and install a tuning file; returns it. ValueError naming the file on bad content."""
+    from reference_engine.kernels import moe_decode, nvfp4_gemv
+
+    path = Path(path)
+    try:
+        tuning = TuningFile.model_validate(json.loads(path.read_text()))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"tuning file {path}: {error}") from None
+    for entry in tuning.nvfp4_gemv:
+        nvfp4_gemv.TUNED[(entry.tokens, entry.rows, entry.k_bytes)] = entry.config
+    if tuning.moe_decode is not None:
+        for name, value in tuning.moe_decode.model_dump().items():
+            setattr(moe_decode, name, value)
+    return tuning
+
+
+def apply_for_device(device_name: str) -> TuningFile | None:
+    path = device_file(device_name)
+    return apply_tuning(path) if path.exists() else None

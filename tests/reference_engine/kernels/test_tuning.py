@@ -1,0 +1,64 @@
+"""Kernel tuning files: validated at the edge, installed into the kernel modules, speed-only (same outputs)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kernel_interpreter import run_script
+
+from reference_engine.kernels import tuning
+
+
+def test_a_malformed_tuning_file_is_rejected_with_its_path(tmp_path) -> None:
+    path = tmp_path / "h200.json"
+    path.write_text(json.dumps({"device": "NVIDIA H200", "nvfp4_gemv": [{"tokens": 1, "rows": 8, "k_bytes": 32, "config": [1, 8]}]}))
+    with pytest.raises(ValueError, match="h200.json"):
+        tuning.apply_tuning(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="h200.json"):
+        tuning.apply_tuning(path)
+
+
+def test_device_file_names() -> None:
+    assert tuning.device_file("NVIDIA H200").name == "nvidia-h200.json"
+    assert tuning.apply_for_device("A device with no tuning file") is None
+
+
+SCRIPT = r"""
+import json, tempfile, torch
+from reference_engine.kernels import moe_decode, nvfp4_gemv, tuning
+from reference_engine.ops import static_moe
+from reference_engine.presets import build_preset
+from reference_engine.quant.linear import w4a16_linear
+from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+g = torch.Generator().manual_seed(5)
+w = torch.randn(48, 256, generator=g)
+packed, scale, scale_2 = quantize_nvfp4(w)
+x = torch.randn(1, 256, generator=g)
+expected = torch.empty(1, 48)
+w4a16_linear(x, packed, scale, scale_2, expected)
+block = build_preset("tiny", seed=3, quantize="nvfp4").layers[0].mlp
+xs = torch.randn(3, block.router_weight.shape[1], generator=g)
+moe_expected = torch.empty_like(xs)
+static_moe.moe_block_decode(xs, block.router_weight, block.experts.stacked, block.shared_nvfp4, block.top_k, out=moe_expected)
+settings = {"device": "test", "nvfp4_gemv": [{"tokens": 1, "rows": 48, "k_bytes": 128, "config": [1, 8, 64, 2, 4, 1]}],
+            "moe_decode": {"LOOP": 3, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 32, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 16}}
+with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+    json.dump(settings, handle)
+tuning.apply_tuning(handle.name)
+assert nvfp4_gemv.TUNED[(1, 48, 128)] == (1, 8, 64, 2, 4, 1) and moe_decode.LOOP == 3 and moe_decode.DOWN_BLOCK_I == 16
+out = torch.full((1, 48), float("nan"))
+nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, out)
+assert float((out - expected).abs().max()) < 1e-4, (out - expected).abs().max()
+moe_out = torch.full_like(xs, float("nan"))
+moe_decode.moe_block_decode(xs, block.router_weight, block.experts.stacked, block.shared_nvfp4, block.top_k, out=moe_out)
+assert float((moe_out - moe_expected).norm() / moe_expected.norm()) < 1e-5
+print("ok")
+"""
+
+
+def test_tuned_settings_change_tiles_not_results_under_the_interpreter() -> None:
+    output = run_script(SCRIPT)
+    assert output.strip().endswith("ok"), output
