@@ -23,6 +23,45 @@ def _device_time(event) -> float:
     return 0.0
 
 
+def _table(prof, cuda: bool, top: int) -> tuple[list[dict], float, int]:
+    events = prof.key_averages()
+    if cuda:
+        rows = [(e.key, e.count, _device_time(e)) for e in events if _device_time(e) > 0]
+    else:
+        rows = [(e.key, e.count, float(e.self_cpu_time_total)) for e in events if e.self_cpu_time_total > 0]
+    rows.sort(key=lambda row: row[2], reverse=True)
+    total = sum(row[2] for row in rows)
+    kernels = [{"name": name[:120], "calls": count, "time_us": time_us, "share": time_us / total if total else 0.0} for name, count, time_us in rows[:top]]
+    return kernels, total, sum(row[1] for row in rows)
+
+
+def profile_prefill(model, tokenizer, prompt_tokens: int = 1024, top: int = 15, seed: int = 0) -> dict:
+    """Top kernels by time in one prefill of `prompt_tokens` random tokens (the TTFT step), after a warm-up prefill."""
+    device = torch.device(model.device)
+    dtype = str(model.dtype).removeprefix("torch.")
+    config = EngineConfig(device=str(device), dtype=dtype, max_num_seqs=1, max_model_len=prompt_tokens + 8,
+                          num_blocks=-(-(prompt_tokens + 8) // 16), max_num_batched_tokens=max(2048, prompt_tokens))  # fmt: skip
+    engine = LLMEngine(model, tokenizer, config, decode_mode="eager")
+    generator = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    cuda = device.type == "cuda"
+
+    def one_prefill():
+        engine.add_request(prompt_token_ids=torch.randint(1, model.config.vocab_size, (prompt_tokens,), generator=generator).tolist(), params=params)
+        while engine.has_unfinished():
+            engine.step()
+
+    one_prefill()  # warm: kernel compilation and allocator
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        one_prefill()
+        if cuda:
+            torch.cuda.synchronize(device)
+    kernels, total, launches = _table(prof, cuda, top)
+    return {"clock": "device (CUDA kernels)" if cuda else "host (CPU ops)", "prompt_tokens": prompt_tokens, "total_us": total,
+            "launches": launches, "kernels": kernels}  # fmt: skip
+
+
 def profile_decode_step(
     model,
     tokenizer,
@@ -62,19 +101,7 @@ def profile_decode_step(
         engine.step()
         if cuda:
             torch.cuda.synchronize(device)
-    events = prof.key_averages()
-    if cuda:
-        rows = [
-            (e.key, e.count, _device_time(e)) for e in events if _device_time(e) > 0
-        ]
-    else:
-        rows = [
-            (e.key, e.count, float(e.self_cpu_time_total))
-            for e in events
-            if e.self_cpu_time_total > 0
-        ]
-    rows.sort(key=lambda row: row[2], reverse=True)
-    total = sum(row[2] for row in rows)
+    kernels, total, launches = _table(prof, cuda, top)
     while engine.has_unfinished():
         engine.step()
     return {
@@ -82,14 +109,9 @@ def profile_decode_step(
         "batch": batch,
         "context_tokens": context_tokens,
         "total_us": total,
-        "launches": sum(row[1] for row in rows),  # kernels (CUDA) or ops (CPU) with recorded time, over the whole step
-        "kernels": [
-            {
-                "name": name[:120],
-                "calls": count,
-                "time_us": time_us,
-                "share": time_us / total if total else 0.0,
-            }
+        "launches": launches,  # kernels (CUDA) or ops (CPU) with recorded time, over the whole step
+        "kernels": kernels,
+    }
             for name, count, time_us in rows[:top]
         ],
     }

@@ -123,6 +123,13 @@ def markdown(document: dict) -> str:
             )
         launches = profile.get("launches")
         lines.append(f"\nTotal over all kernels: {profile['total_us']:.1f} us" + (f" in {launches} launches." if launches else "."))
+    prefill = document.get("profile_prefill")
+    if prefill:
+        lines += ["", f"## One prefill of {prefill['prompt_tokens']} tokens, per kernel (eager, {prefill['clock']})", "",
+                  "| kernel | calls | time [us] | share |", "|---|---|---|---|"]  # fmt: skip
+        for kernel in prefill["kernels"]:
+            lines.append(f"| `{kernel['name'].replace('|', '/')}` | {kernel['calls']} | {kernel['time_us']:.1f} | {100 * kernel['share']:.1f}% |")
+        lines.append(f"\nTotal over all kernels: {prefill['total_us']:.1f} us in {prefill['launches']} launches.")
     return "\n".join(lines) + "\n"
 
 

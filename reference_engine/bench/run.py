@@ -242,6 +242,10 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = print) -> dict
             seed=options.seed,
             use_triton=use_triton,
         )
+        log(f"profiling one prefill of {options.prompt_tokens} tokens (eager)")
+        from reference_engine.bench.profile import profile_prefill
+
+        document["profile_prefill"] = profile_prefill(model, tokenizer, prompt_tokens=options.prompt_tokens, seed=options.seed)
         _free(device)
 
     log(
