@@ -112,6 +112,3 @@ def profile_decode_step(
         "launches": launches,  # kernels (CUDA) or ops (CPU) with recorded time, over the whole step
         "kernels": kernels,
     }
-            for name, count, time_us in rows[:top]
-        ],
-    }
