@@ -19,6 +19,7 @@ import sys
 
 import torch
 
+from reference_engine.bench.timing import graph_seconds
 from reference_engine.kernels import nvfp4_gemv
 from reference_engine.quant.linear import w4a16_linear as torch_linear
 from reference_engine.quant.nvfp4 import quantize_nvfp4
@@ -44,23 +45,7 @@ def time_config(x, weights, out, config) -> float:
             packed, scale, scale_2 = weights[index % len(weights)]
             nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2, out, config=config)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    times = []
-    for _ in range(7):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3 / CALLS)
-    return sorted(times)[len(times) // 2]
+    return graph_seconds(step) * 1e6 / CALLS
 
 
 def main(path: str) -> None:

@@ -10,14 +10,16 @@ microseconds per call (graph time / calls) and the bytes of the experts it touch
 No speed is asserted.
 """
 
+# ruff: noqa: B023 - `step` is captured and replayed within the loop iteration that made it
 from __future__ import annotations
 
-import itertools
 import json
+import math
 import sys
 
 import torch
 
+from reference_engine.bench.timing import graph_seconds
 from reference_engine.kernels import moe_decode
 from reference_engine.ops import static_moe
 from reference_engine.quant.nvfp4 import quantize_nvfp4
@@ -67,31 +69,15 @@ def main(path: str) -> None:
                         experts, shared, router = layers[index % COPIES]
                         moe_decode.moe_block_decode(xs[index % COPIES], router, experts, shared, TOP_K, out=outs[index % COPIES])
 
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    step()
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    step()
-                times = []
-                for _ in range(7):
-                    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    graph.replay()
-                    stop.record()
-                    stop.synchronize()
-                    times.append(start.elapsed_time(stop) * 1e3 / CALLS)
-                us = sorted(times)[len(times) // 2]
+                us = graph_seconds(step) * 1e6 / CALLS
             except Exception as failure:  # noqa: BLE001 - a setting that fails is recorded
                 error, us = float("nan"), float("nan")
                 print(f"T={tokens} {setting}: {type(failure).__name__}: {str(failure)[:120]}")
             distinct = E * (1 - (1 - TOP_K / E) ** tokens) + 1  # expected experts touched, plus the shared one
             moved = distinct * (3 * I * H // 2 + 3 * I * H // 16) + (E + 1) * H * 2
             records.append({"tokens": tokens, "setting": setting, "us": us, "rel_error": error, "bytes": moved,
-                            "fraction_of_copy": moved / (us * 1e-6) / 4.27e12 if us == us else None})  # fmt: skip
-            print(f"T={tokens:2d} loop/tiles {setting}: {us:7.1f} us, error {error:.1e}, {moved / (us * 1e-6) / 1e12 if us == us else 0:.2f} TB/s")
+                            "fraction_of_copy": None if math.isnan(us) else moved / (us * 1e-6) / 4.27e12})  # fmt: skip
+            print(f"T={tokens:2d} loop/tiles {setting}: {us:7.1f} us, error {error:.1e}, {0 if math.isnan(us) else moved / (us * 1e-6) / 1e12:.2f} TB/s")
         with open(path, "w") as handle:
             json.dump(records, handle, indent=1)
 

@@ -47,7 +47,8 @@ if __name__ == "__main__":
     tuning: dict = {"device": torch.cuda.get_device_name(0)}
     for path, key, build in ((sys.argv[1], "nvfp4_gemv", gemv_entries), (sys.argv[2], "moe_decode", moe_setting)):
         try:
-            records = json.load(open(path))
+            with open(path) as handle:
+                records = json.load(handle)
         except (OSError, ValueError) as error:
             print(f"{path}: {error}; {key} left untuned")
             continue

@@ -49,3 +49,28 @@ class HostClock:
     def now(self) -> float:
         synchronize(self.device)
         return time.perf_counter()
+
+
+def graph_seconds(step: Callable[[], object], replays: int = 7) -> float:
+    """Median seconds of one replay of a CUDA graph holding `step` (warmed up on a side stream first).
+
+    Kernel timing scripts put several back-to-back calls in `step` and divide: the in-graph cost of a
+    call, launch gaps included, as a decode step pays it.
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    samples = []
+    for _ in range(replays):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) / 1e3)
+    return statistics.median(samples)

@@ -168,48 +168,14 @@ def launch_w4a16_gemv(
         _split_k_reduce_kernel[(triton.cdiv(rows, block), tokens)](target, out2d, tokens, rows, out2d.stride(0), SPLIT_K=split_k, BLOCK=block)
 
 
-@satisfies("quantization/w4a16-linear", major=1, devices=("cuda",), backend="triton")
-def w4a16_linear(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`out [..., N] = x [..., K] @ dequant(W)^T`; Triton GEMV for up to 64 tokens, dequantise + torch.matmul above."""
-    _check_linear(x, weight_packed, weight_scale, weight_scale_2, out)
-    require_launchable(x, weight_packed, weight_scale, out)
+def _apply(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Checked inputs -> the GEMV (up to 64 tokens) or the tensor-core GEMM (prefill); scale_2 one value or [N]."""
     x2d = x.reshape(-1, x.shape[-1])
     if x2d.shape[0] > MAX_GEMV_TOKENS:  # prefill: the tensor-core GEMM
         from reference_engine.kernels.nvfp4_gemm import w4a16_gemm
 
         out2d = out.view(-1, out.shape[-1]) if out.is_contiguous() else torch.empty((x2d.shape[0], out.shape[-1]), dtype=out.dtype, device=out.device)
-        w4a16_gemm(x2d, weight_packed, weight_scale, weight_scale_2, out2d)
-        if not out.is_contiguous():
-            out.copy_(out2d.view(out.shape))
-        return out
-    if x2d.shape[0] == 0:
-        return out
-    x2d = x2d.contiguous()
-    packed, scale = weight_packed.contiguous(), weight_scale.contiguous()
-    buffer = staging_buffer(out)
-    out2d = buffer.view(-1, buffer.shape[-1]) if buffer.is_contiguous() else None
-    if out2d is None:
-        out2d = torch.empty((x2d.shape[0], packed.shape[0]), dtype=buffer.dtype, device=x.device)
-        launch_w4a16_gemv(x2d, packed, scale, weight_scale_2, out2d)
-        buffer.copy_(out2d.view(buffer.shape))
-    else:
-        launch_w4a16_gemv(x2d, packed, scale, weight_scale_2, out2d)
-    finish(buffer, out)
-    return out
-
-
-def w4a16_linear_rows(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, row_scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Stacked NVFP4 linears (`row_scale_2 [N]`, one tensor scale per output row) in one GEMV launch;
-    the signature of `quant.linear.w4a16_linear_rows` (its torch form, used above 64 tokens)."""
-    _check_linear(x, weight_packed, weight_scale, torch.ones((), dtype=torch.float32), out)
-    _check_row_scales(weight_packed, row_scale_2)
-    require_launchable(x, weight_packed, weight_scale, row_scale_2, out)
-    x2d = x.reshape(-1, x.shape[-1])
-    if x2d.shape[0] > MAX_GEMV_TOKENS:  # prefill: the tensor-core GEMM, one tensor scale per row
-        from reference_engine.kernels.nvfp4_gemm import w4a16_gemm
-
-        out2d = out.view(-1, out.shape[-1]) if out.is_contiguous() else torch.empty((x2d.shape[0], out.shape[-1]), dtype=out.dtype, device=out.device)
-        w4a16_gemm(x2d, weight_packed, weight_scale, row_scale_2, out2d)
+        w4a16_gemm(x2d, weight_packed, weight_scale, scale_2, out2d)
         if not out.is_contiguous():
             out.copy_(out2d.view(out.shape))
         return out
@@ -218,8 +184,26 @@ def w4a16_linear_rows(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale
     x2d = x2d.contiguous()
     buffer = staging_buffer(out)
     out2d = buffer.view(-1, buffer.shape[-1]) if buffer.is_contiguous() else torch.empty((x2d.shape[0], weight_packed.shape[0]), dtype=buffer.dtype, device=x.device)
-    launch_w4a16_gemv(x2d, weight_packed.contiguous(), weight_scale.contiguous(), row_scale_2.contiguous(), out2d)
+    scale_2 = scale_2.contiguous() if isinstance(scale_2, torch.Tensor) else scale_2
+    launch_w4a16_gemv(x2d, weight_packed.contiguous(), weight_scale.contiguous(), scale_2, out2d)
     if out2d.data_ptr() != buffer.data_ptr():
         buffer.copy_(out2d.view(buffer.shape))
     finish(buffer, out)
     return out
+
+
+@satisfies("quantization/w4a16-linear", major=1, devices=("cuda",), backend="triton")
+def w4a16_linear(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`out [..., N] = x [..., K] @ dequant(W)^T`; Triton GEMV for up to 64 tokens, the tensor-core GEMM above."""
+    _check_linear(x, weight_packed, weight_scale, weight_scale_2, out)
+    require_launchable(x, weight_packed, weight_scale, out)
+    return _apply(x, weight_packed, weight_scale, weight_scale_2, out)
+
+
+def w4a16_linear_rows(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, row_scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Stacked NVFP4 linears (`row_scale_2 [N]`, one tensor scale per output row) in one launch;
+    the signature of `quant.linear.w4a16_linear_rows`."""
+    _check_linear(x, weight_packed, weight_scale, torch.ones((), dtype=torch.float32), out)
+    _check_row_scales(weight_packed, row_scale_2)
+    require_launchable(x, weight_packed, weight_scale, row_scale_2, out)
+    return _apply(x, weight_packed, weight_scale, row_scale_2, out)
