@@ -62,3 +62,12 @@ print("ok")
 def test_tuned_settings_change_tiles_not_results_under_the_interpreter() -> None:
     output = run_script(SCRIPT)
     assert output.strip().endswith("ok"), output
+
+
+def test_every_committed_tuning_file_validates() -> None:
+    """The measured files in kernels/tuned/ (loaded by select_ops on their device) must stay loadable."""
+    files = sorted(tuning.TUNED_DIR.glob("*.json"))
+    assert files, "no tuning file is committed"
+    for path in files:
+        settings = tuning.TuningFile.model_validate(json.loads(path.read_text()))
+        assert tuning.device_file(settings.device) == path, f"{path.name} is named for another device than {settings.device!r}"
