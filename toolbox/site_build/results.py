@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 RESULT_FOLDERS = ("results", "benchmarks")
-SCRATCH_FOLDERS = ("results/tmp",)
+SCRATCH_FOLDERS = ("results/tmp", "benchmarks/kernels")  # scratch, and kernel timing records (their own format, read by NOTES.md)
 PASSED, SKIPPED = "PASSED", "SKIPPED"
 
 
