@@ -19,8 +19,8 @@ from reference_engine.model.gated_deltanet import GatedDeltaNet
 from reference_engine.model.linear import Linear
 from reference_engine.model.moe_block import SparseMoeBlock
 from reference_engine.model.qwen3_5_moe import Qwen35MoeModel
-from reference_engine.model.stacked_linear import stack_linears
 from reference_engine.model.spec import expected_parameters
+from reference_engine.model.stacked_linear import stack_linears
 
 
 def check_parameters(config: ModelConfig, params: dict[str, Any]) -> None:

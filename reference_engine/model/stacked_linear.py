@@ -11,6 +11,7 @@ Mixed stacks (dense with NVFP4, or W4A4 parts) are not formed: `stack_linears` r
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,7 +59,7 @@ def stack_linears(linears: Sequence[Linear]) -> tuple[StackedLinear, tuple[Linea
         if len({linear.weight.dtype for linear in linears}) != 1 or len({linear.weight.device for linear in linears}) != 1:
             return None
         weight = torch.cat([linear.weight for linear in linears])  # [sum N, K]
-        views = tuple(Linear.dense(weight[start:stop]) for start, stop in zip(bounds, bounds[1:]))
+        views = tuple(Linear.dense(weight[start:stop]) for start, stop in itertools.pairwise(bounds))
         return StackedLinear(sizes, in_features, weight=weight), views
     if not all(linear.is_nvfp4 and not linear.activation_nvfp4 for linear in linears):
         return None

@@ -26,8 +26,16 @@ from reference_engine.ops.linear_attention import (  # capturable
 )
 from reference_engine.ops.moe import router_topk, shared_expert
 from reference_engine.ops.norms import fused_add_rms_norm, gated_rms_norm, rms_norm
-from reference_engine.ops.static_attention import attention_decode_prep, paged_decode, paged_decode_gated
-from reference_engine.ops.static_moe import moe_block_decode, nvfp4_routed_experts, routed_experts
+from reference_engine.ops.static_attention import (
+    attention_decode_prep,
+    paged_decode,
+    paged_decode_gated,
+)
+from reference_engine.ops.static_moe import (
+    moe_block_decode,
+    nvfp4_routed_experts,
+    routed_experts,
+)
 from reference_engine.quant.linear import w4a16_linear, w4a16_linear_rows
 
 

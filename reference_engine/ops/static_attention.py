@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from reference_engine.ops.attention import _check_like, _check_paged, _require, output_gate, partial_rope
+from reference_engine.ops.attention import (
+    _check_like,
+    _check_paged,
+    _require,
+    output_gate,
+    partial_rope,
+)
 from reference_engine.ops.norms import rms_norm
 from reference_engine.ops.registry import satisfies
 from reference_engine.ops.static_moe import capturing

@@ -19,7 +19,12 @@ import torch
 
 from reference_engine.ops.registry import satisfies
 from reference_engine.quant.e2m1 import decode_e2m1, unpack_e2m1
-from reference_engine.quant.nvfp4 import BLOCK_SIZE, _check_quantized, dequantize_nvfp4, quantize_with_tensor_scale
+from reference_engine.quant.nvfp4 import (
+    BLOCK_SIZE,
+    _check_quantized,
+    dequantize_nvfp4,
+    quantize_with_tensor_scale,
+)
 
 _ROWS_PER_SLICE = 16384
 _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
