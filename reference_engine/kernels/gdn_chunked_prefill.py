@@ -1,0 +1,302 @@
+"""Chunked Gated DeltaNet prefill (contract linear-attention/gdn-chunked-prefill), Triton, two launches.
+
+The same computation as the torch op `reference_engine.ops.linear_attention.gdn_chunked_prefill`
+(WY/UT form, float32 throughout). Each sequence is cut into chunks of C tokens (the last one may be
+partial; chunks never cross a sequence boundary). Within a chunk, with q, k L2-normalised (q also
+scaled by Dk^-0.5), c_i = g_1 + ... + g_i the cumulative log decay and c_last its value at the end:
+
+    A[i, j]  = beta_i (k_i . k_j) exp(c_i - c_j)   for j < i (strictly lower), else 0
+    T        = (I + A)^-1                            (unit lower triangular)
+    U        = T (beta v)                  [C, Dv]   pseudo values
+    W        = T (beta k exp(c))           [C, Dk]   state keys
+    P[i, j]  = (q_i . k_j) exp(c_i - c_j)  for j <= i, else 0
+
+and, chunk by chunk with the state S [Dk, Dv] carried from the previous chunk:
+
+    X   = U - W S                                    (what each token writes)
+    out = (q exp(c)) S + P X
+    S  <- exp(c_last) S + (k exp(c_last - c))^T X
+
+Launch 1, grid (chunk slots, Hv): one program per chunk and value head computes c, T (forward
+substitution in registers), U, W, P and the per-row factors of q and k (normalisation times decay)
+and stores them (float32 scratch: 81 KB per chunk and head at C = 64, Dk = Dv = 128, 45 MB at
+T = 1024). Launch 2, grid (B, Hv, cdiv(Dv, BLOCK_V)): one program per sequence, value head and block
+of value columns walks the sequence's chunks in order with its [Dk, BLOCK_V] slice of S in registers and writes the outputs
+and the final state slice. Each program of launch 2 reads its slice of `initial_state` before it
+writes the same slice of `final_state`, so the two may be one tensor.
+
+The chunk table (start and length of every chunk slot, first slot and count per sequence) is built on
+the device from `cu_seqlens` with a fixed number of slots, T // C + B (each sequence adds at most one
+partial chunk); unused slots have length 0 and are skipped. The result does not depend on the chunk
+size; sizes above MAX_CHUNK are run at MAX_CHUNK (the register tile of launch 1 is C x C).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from reference_engine.kernels.launch import (
+    finish,
+    interpreting,
+    require_launchable,
+    staging_buffer,
+)
+from reference_engine.ops.linear_attention import (
+    _check_cu_seqlens,
+    _check_out,
+    _check_qkv,
+    _require,
+)
+from reference_engine.ops.registry import satisfies
+
+L2_EPS = 1e-6
+MAX_CHUNK = 64  # tokens per chunk at most (launch 1 holds C x C and C x D tiles in registers)
+MIN_DOT = 16  # tl.dot needs every dimension >= 16 on the GPU: smaller sizes are padded with zeros
+BLOCK_V_MAX = 32  # value columns per program of launch 2 (Dv = 128: 4 column blocks per head)
+BLOCK_D_MAX = 32  # columns of q, k, v per slice in launch 1
+NUM_WARPS = 8  # both launches at C = 64, Dk = Dv = 128 (4 warps spill more; see below)
+# float32 operands of tl.dot on the GPU. "tf32x3" (three tensor-core passes, about fp32 accuracy):
+# ptxas for sm_90 at the real shape, 8 warps: launch 1 255 registers, no spill; launch 2 255 registers,
+# 720-byte stack. "ieee" (exact fp32 FMA dot) spills far more there (launch 2: 5.8 KB stack), so it is
+# used only under the interpreter, which needs it (its reduced-precision dot paths are not the GPU's).
+DOT_PRECISION = "tf32x3"
+
+
+@triton.jit
+def _row_tile(ptr, start, length, head, col0,
+              H: tl.constexpr, D: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr):
+    """Rows start .. start + length - 1, columns col0 .. col0 + BLOCK - 1 of head `head` of a [T, H, D]
+    tensor in float32, as a [BLOCK_C, BLOCK] tile (zeros outside)."""
+    rows = tl.arange(0, BLOCK_C)
+    dims = col0 + tl.arange(0, BLOCK)
+    mask = (rows < length)[:, None] & (dims < D)[None, :]
+    offsets = ((start + rows).to(tl.int64) * H + head)[:, None] * D + dims[None, :]
+    return tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _gdn_chunk_prepare_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, chunk_start_ptr, chunk_len_ptr,
+    w_ptr, u_ptr, p_ptr, f_ptr, q_scale,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr,
+    EPS: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Per (chunk slot n, value head h): W [C, Dk], U [C, Dv], P [C, C] and the factors F [3, C] into the
+    scratch at (n, h): F[0] = query row scale times exp(c), F[1] = key row scale times exp(c_last - c),
+    F[2] = exp(c_last) in every entry.
+
+    Only C x C tiles and [C, BLOCK_D] slices of q, k, v live in registers: the Gram matrices q k^T and
+    k k^T of the raw rows are accumulated over BLOCK_D-column slices and normalised afterwards
+    (entry i, j times the row scales of i and j), W and U are produced slice by slice."""
+    slot = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    start = tl.load(chunk_start_ptr + slot)
+    length = tl.load(chunk_len_ptr + slot)
+    if length > 0:
+        key_head = head // (HV // HK)
+        rows = tl.arange(0, BLOCK_C)
+        cols = tl.arange(0, BLOCK_C)
+        row_ok = rows < length
+        token_head = (start + rows).to(tl.int64) * HV + head  # [C] flat (token, value head)
+        g = tl.load(g_ptr + token_head, mask=row_ok, other=0.0)
+        beta = tl.load(beta_ptr + token_head, mask=row_ok, other=0.0)
+
+        q_sq = tl.zeros((BLOCK_C,), dtype=tl.float32)
+        k_sq = tl.zeros((BLOCK_C,), dtype=tl.float32)
+        qk = tl.zeros((BLOCK_C, BLOCK_C), dtype=tl.float32)
+        kk = tl.zeros((BLOCK_C, BLOCK_C), dtype=tl.float32)
+        for col0 in range(0, BLOCK_K, BLOCK_D):
+            q = _row_tile(q_ptr, start, length, key_head, col0, HK, DK, BLOCK_C, BLOCK_D)
+            k = _row_tile(k_ptr, start, length, key_head, col0, HK, DK, BLOCK_C, BLOCK_D)
+            q_sq += tl.sum(q * q, axis=1)
+            k_sq += tl.sum(k * k, axis=1)
+            qk += tl.dot(q, tl.trans(k), input_precision=PRECISION)
+            kk += tl.dot(k, tl.trans(k), input_precision=PRECISION)
+        q_scale_rows = tl.rsqrt(q_sq + EPS) * q_scale  # [C] L2 normalisation (and Dk^-0.5) of each query row
+        k_scale_rows = tl.rsqrt(k_sq + EPS)  # [C]
+
+        c = tl.cumsum(g, axis=0)  # [C]; padding rows have g = 0, so c stays at c_last there
+        lower_eq = rows[:, None] >= cols[None, :]
+        decay = tl.exp(tl.where(lower_eq, c[:, None] - c[None, :], float("-inf")))  # exp(c_i - c_j), j <= i
+        kk = kk * k_scale_rows[:, None] * k_scale_rows[None, :]
+        a = tl.where(rows[:, None] > cols[None, :], beta[:, None] * kk * decay, 0.0)
+        # T = (I + A)^-1 by forward substitution: row i of T = e_i - sum_{j < i} A[i, j] T[j, :].
+        t = tl.zeros((BLOCK_C, BLOCK_C), dtype=tl.float32)
+        for i in range(BLOCK_C):
+            a_row = tl.sum(tl.where(rows[:, None] == i, a, 0.0), axis=0)  # A[i, :] over columns
+            new_row = tl.where(cols == i, 1.0, 0.0) - tl.sum(a_row[:, None] * t, axis=0)
+            t = tl.where(rows[:, None] == i, new_row[None, :], t)
+        p = tl.where(lower_eq, qk * q_scale_rows[:, None] * k_scale_rows[None, :] * decay, 0.0)  # [C, C]
+
+        base = slot * HV + head  # flat (chunk slot, value head)
+        scratch_rows = base * BLOCK_C + rows  # [C]
+        c_last = tl.sum(tl.where(rows == BLOCK_C - 1, c, 0.0), axis=0)
+        factors = base * 3 * BLOCK_C + rows  # [C]: rows of the three [C] factor vectors
+        tl.store(f_ptr + factors, q_scale_rows * tl.exp(c))  # query row factor: normalisation, Dk^-0.5, exp(c)
+        tl.store(f_ptr + factors + BLOCK_C, k_scale_rows * tl.exp(c_last - c))  # key row factor to the chunk end
+        tl.store(f_ptr + factors + 2 * BLOCK_C, tl.zeros((BLOCK_C,), dtype=tl.float32) + tl.exp(c_last))  # chunk decay
+        tl.store(p_ptr + scratch_rows[:, None] * BLOCK_C + cols[None, :], p)
+        key_weights = k_scale_rows * beta * tl.exp(c)  # [C]: normalised k times beta exp(c)
+        for col0 in range(0, BLOCK_K, BLOCK_D):
+            k = _row_tile(k_ptr, start, length, key_head, col0, HK, DK, BLOCK_C, BLOCK_D)
+            w = tl.dot(t, k * key_weights[:, None], input_precision=PRECISION)  # [C, BLOCK_D] of W
+            tl.store(w_ptr + scratch_rows[:, None] * BLOCK_K + (col0 + tl.arange(0, BLOCK_D))[None, :], w)
+        for col0 in range(0, BLOCK_DV, BLOCK_D):
+            v = _row_tile(v_ptr, start, length, head, col0, HV, DV, BLOCK_C, BLOCK_D)
+            u = tl.dot(t, v * beta[:, None], input_precision=PRECISION)  # [C, BLOCK_D] of U
+            tl.store(u_ptr + scratch_rows[:, None] * BLOCK_DV + (col0 + tl.arange(0, BLOCK_D))[None, :], u)
+
+
+@triton.jit
+def _gdn_chunk_scan_kernel(
+    q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, chunk_start_ptr, chunk_len_ptr, seq_first_ptr, seq_count_ptr,
+    state_ptr, out_ptr, final_state_ptr,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_V: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Per (sequence b, value head h, column block): the chunks of b in order, S [Dk, BLOCK_V] in registers.
+
+    S is held as two row halves [BLOCK_K / 2, BLOCK_V] (s_lo, s_hi) and every [C, Dk] operand is
+    loaded as two [C, BLOCK_K / 2] halves right before its products, to bound the registers."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)  # value columns [BV]
+    key_head = head // (HV // HK)
+    rows = tl.arange(0, BLOCK_C)
+    lo = tl.arange(0, HALF)
+    hi = HALF + tl.arange(0, HALF)
+    col_ok = cols < DV
+    state_base = (seq * HV + head) * DK * DV
+    lo_offsets = state_base + lo[:, None] * DV + cols[None, :]
+    hi_offsets = state_base + hi[:, None] * DV + cols[None, :]
+    lo_mask = (lo < DK)[:, None] & col_ok[None, :]
+    hi_mask = (hi < DK)[:, None] & col_ok[None, :]
+    s_lo = tl.load(state_ptr + lo_offsets, mask=lo_mask, other=0.0)  # [HALF, BV]
+    s_hi = tl.load(state_ptr + hi_offsets, mask=hi_mask, other=0.0)  # [HALF, BV]
+    first = tl.load(seq_first_ptr + seq)
+    count = tl.load(seq_count_ptr + seq)
+    step = 0
+    while step < count:  # a while loop: the interpreter cannot take a loaded bound in range()
+        slot = (first + step).to(tl.int64)
+        step += 1
+        start = tl.load(chunk_start_ptr + slot)
+        length = tl.load(chunk_len_ptr + slot)
+        scratch_rows = (slot * HV + head) * BLOCK_C + rows  # [C]
+        factors = (slot * HV + head) * 3 * BLOCK_C + rows  # [C]
+        # X = U - W S
+        x = tl.load(u_ptr + scratch_rows[:, None] * BLOCK_DV + cols[None, :], mask=col_ok[None, :], other=0.0)  # [C, BV]
+        w = tl.load(w_ptr + scratch_rows[:, None] * BLOCK_K + lo[None, :])
+        x -= tl.dot(w, s_lo, input_precision=PRECISION)
+        w = tl.load(w_ptr + scratch_rows[:, None] * BLOCK_K + hi[None, :])
+        x -= tl.dot(w, s_hi, input_precision=PRECISION)
+        # out = P X + (q exp(c)) S, q L2-normalised and scaled
+        o = tl.dot(tl.load(p_ptr + scratch_rows[:, None] * BLOCK_C + rows[None, :]), x, input_precision=PRECISION)
+        q_rows = tl.load(f_ptr + factors)
+        q = _row_tile(q_ptr, start, length, key_head, 0, HK, DK, BLOCK_C, HALF)
+        o += tl.dot(q * q_rows[:, None], s_lo, input_precision=PRECISION)
+        q = _row_tile(q_ptr, start, length, key_head, HALF, HK, DK, BLOCK_C, HALF)
+        o += tl.dot(q * q_rows[:, None], s_hi, input_precision=PRECISION)
+        # S <- exp(c_last) S + (k exp(c_last - c))^T X, k L2-normalised
+        k_rows = tl.load(f_ptr + factors + BLOCK_C)
+        chunk_decay = tl.load(f_ptr + (slot * HV + head) * 3 * BLOCK_C + 2 * BLOCK_C)
+        k = _row_tile(k_ptr, start, length, key_head, 0, HK, DK, BLOCK_C, HALF)
+        s_lo = s_lo * chunk_decay + tl.dot(tl.trans(k * k_rows[:, None]), x, input_precision=PRECISION)
+        k = _row_tile(k_ptr, start, length, key_head, HALF, HK, DK, BLOCK_C, HALF)
+        s_hi = s_hi * chunk_decay + tl.dot(tl.trans(k * k_rows[:, None]), x, input_precision=PRECISION)
+        out_offsets = ((start + rows).to(tl.int64) * HV + head)[:, None] * DV + cols[None, :]
+        tl.store(out_ptr + out_offsets, o.to(out_ptr.dtype.element_ty), mask=(rows < length)[:, None] & col_ok[None, :])
+    tl.store(final_state_ptr + lo_offsets, s_lo, mask=lo_mask)
+    tl.store(final_state_ptr + hi_offsets, s_hi, mask=hi_mask)
+
+
+def _chunk_table(cu_seqlens: torch.Tensor, num_tokens: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chunk slots of a ragged batch, on the device with sizes fixed by the shapes.
+
+    Returns chunk_start [N], chunk_len [N] (0 for unused slots), seq_first [B], seq_count [B], all
+    int32, with N = T // C + B: sequence b owns slots seq_first[b] .. seq_first[b] + seq_count[b] - 1,
+    slot j of it covering tokens cu[b] + j*C .. min(cu[b] + (j+1)*C, cu[b+1]) - 1."""
+    num_seqs = cu_seqlens.shape[0] - 1
+    num_slots = num_tokens // chunk + num_seqs
+    cu = cu_seqlens.to(torch.int64)
+    counts = (cu[1:] - cu[:-1] + chunk - 1) // chunk  # [B]
+    ends = torch.cumsum(counts, dim=0)  # [B]
+    first = ends - counts
+    slots = torch.arange(num_slots, device=cu.device)
+    owner = torch.searchsorted(ends, slots, right=True).clamp(max=num_seqs - 1)  # [N]
+    used = slots < ends[-1]
+    start = cu[owner] + (slots - first[owner]) * chunk
+    length = torch.where(used, (cu[owner + 1] - start).clamp(0, chunk), 0)
+    start = torch.where(used, start, 0)
+    return tuple(t.to(torch.int32).contiguous() for t in (start, length, first, counts))
+
+
+@satisfies("linear-attention/gdn-chunked-prefill", major=1, devices=("cuda",), backend="triton")
+def gdn_chunked_prefill(
+    query: torch.Tensor,  # [T, Hk, Dk]
+    key: torch.Tensor,  # [T, Hk, Dk]
+    value: torch.Tensor,  # [T, Hv, Dv]
+    g: torch.Tensor,  # [T, Hv] float32
+    beta: torch.Tensor,  # [T, Hv] float32
+    cu_seqlens: torch.Tensor,  # [B + 1] int32
+    initial_state: torch.Tensor,  # [B, Hv, Dk, Dv] float32
+    out: torch.Tensor,  # [T, Hv, Dv]
+    final_state: torch.Tensor,  # [B, Hv, Dk, Dv] float32 (may be `initial_state`)
+    chunk_size: int = 64,
+) -> None:
+    """The gated delta rule over a ragged batch, chunk by chunk (WY/UT form, fp32), in two Triton launches.
+
+    Validates like the torch op (one host read of `cu_seqlens`, as there). Chunk sizes above
+    MAX_CHUNK run at MAX_CHUNK (the result does not depend on the chunk size)."""
+    tokens, num_k_heads, k_dim, num_v_heads, v_dim = _check_qkv(query, key, value, g, beta)
+    _require(isinstance(chunk_size, int) and chunk_size >= 1, f"chunk_size must be a positive integer, got {chunk_size!r}")
+    num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens.dim() == 1 else -1
+    _check_out(initial_state, (num_seqs, num_v_heads, k_dim, v_dim), torch.float32, "initial_state")
+    _check_out(final_state, (num_seqs, num_v_heads, k_dim, v_dim), torch.float32, "final_state")
+    _check_out(out, (tokens, num_v_heads, v_dim), value.dtype, "out")
+    _check_cu_seqlens(cu_seqlens, tokens)
+    require_launchable(query, key, value, g, beta, cu_seqlens, initial_state, out, final_state)
+    if tokens == 0:
+        final_state.copy_(initial_state)
+        return
+
+    chunk = min(chunk_size, MAX_CHUNK)
+    block_c = max(MIN_DOT, triton.next_power_of_2(chunk))
+    block_k = max(2 * MIN_DOT, triton.next_power_of_2(k_dim))  # launch 2 splits Dk in two halves
+    block_dv = max(MIN_DOT, triton.next_power_of_2(v_dim))
+    block_v = min(BLOCK_V_MAX, block_dv)
+    precision = "ieee" if interpreting() else DOT_PRECISION
+    chunk_start, chunk_len, seq_first, seq_count = _chunk_table(cu_seqlens, tokens, chunk)
+    num_slots = chunk_start.shape[0]
+    device = query.device
+    w, u, p, f = (  # W [N, Hv, C, Dk], U [N, Hv, C, Dv], P [N, Hv, C, C], F [N, Hv, 3, C], float32 (padded sizes)
+        torch.empty(num_slots, num_v_heads, *shape, dtype=torch.float32, device=device)
+        for shape in ((block_c, block_k), (block_c, block_dv), (block_c, block_c), (3, block_c))
+    )
+    q_in, k_in, v_in = query.contiguous(), key.contiguous(), value.contiguous()
+    q_scale = float(k_dim**-0.5)
+
+    _gdn_chunk_prepare_kernel[(num_slots, num_v_heads)](
+        q_in, k_in, v_in, g.contiguous(), beta.contiguous(), chunk_start, chunk_len, w, u, p, f, q_scale,
+        HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_DV=block_dv,
+        BLOCK_D=min(BLOCK_D_MAX, block_k, block_dv), EPS=L2_EPS, PRECISION=precision, num_warps=NUM_WARPS if block_c * block_k >= 64 * 128 else 4,
+    )
+
+    source = initial_state if initial_state.is_contiguous() else initial_state.contiguous()
+    target = final_state if final_state.is_contiguous() else torch.empty_like(final_state, memory_format=torch.contiguous_format)
+    buffer = staging_buffer(out)
+    result = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
+    _gdn_chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(v_dim, block_v))](
+        q_in, k_in, w, u, p, f, chunk_start, chunk_len, seq_first, seq_count, source, result, target,
+        HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_DV=block_dv, BLOCK_V=block_v,
+        PRECISION=precision, num_warps=NUM_WARPS if block_k * block_v >= 128 * 32 else 4,
+    )
+    if target is not final_state:
+        final_state.copy_(target)
+    if result is not buffer:
+        buffer.copy_(result)
+    finish(buffer, out)

@@ -1,0 +1,202 @@
+"""Triton chunked Gated DeltaNet prefill against the torch op, the token-by-token recurrence and the contract.
+
+One interpreter subprocess runs the contract's CPU cases and a script that compares the kernel with
+(a) the torch chunked op and (b) `gdn_recurrent_decode` applied token by token (an independent
+definition), on ragged batches with non-zero initial states and poisoned (NaN) outputs, and measures
+two known-wrong variants of the kernel (its source with one deliberate mistake) on the same data.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from kernel_interpreter import assert_all_passed, interpreter_run
+
+CONTRACT = "linear-attention/gdn-chunked-prefill"
+IMPL = "reference_engine.kernels.gdn_chunked_prefill:gdn_chunked_prefill"
+CPU_CASES = [
+    "small-f32", "small-bf16", "all-length-one-bf16", "whole-chunks-f32", "real-heads-f32",  # real-heads-f32: Dk = Dv = 128, C = 64
+    "hv-not-multiple-of-hk", "key-shape-mismatch", "qkv-dtype-mismatch", "g-not-float32", "state-not-float32",
+    "state-wrong-shape", "cu-seqlens-wrong-end", "cu-seqlens-not-from-zero", "chunk-size-zero",
+]
+F32_BOUND = 1e-4  # rel_fro, float32 kernel vs float32 references (measured about 1e-7)
+BF16_OUT_BOUND = 5e-3  # rel_fro, bf16 output vs the torch op's bf16 output (both round fp32 once)
+WRONG_MIN_ERROR = 1e-2  # each known-wrong variant must be off by at least this (rel_fro) on the ragged case
+
+# Each known-wrong variant: (text in the kernel source, its replacement). Both must stay in sync with the kernel.
+WRONG_VARIANTS = {
+    "no_decay_across_chunks": ("dtype=tl.float32) + tl.exp(c_last))", "dtype=tl.float32) + 1.0)"),  # S not decayed between chunks
+    "beta_missing_in_state_keys": (  # W = T (k exp(c)) without beta
+        "key_weights = k_scale_rows * beta * tl.exp(c)", "key_weights = k_scale_rows * tl.exp(c)"),
+}
+
+SCRIPT = r"""
+import importlib.util, inspect, json, pathlib, tempfile
+import torch
+from reference_engine.kernels import gdn_chunked_prefill as kernel_module
+from reference_engine.ops.linear_attention import gdn_chunked_prefill as torch_op, gdn_recurrent_decode
+
+WRONG_VARIANTS = __WRONG__
+
+def wrong_module(name, old, new):
+    source = inspect.getsource(kernel_module)
+    assert source.count(old) == 1, (name, old)
+    path = pathlib.Path(tempfile.mkdtemp()) / f"wrong_{name}.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location(f"wrong_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+def inputs(lengths, dtype, seed, hk=2, hv=4, dk=16, dv=16):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = sum(lengths)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(tokens, hk, dk, generator=gen).to(dtype)
+    k = torch.randn(tokens, hk, dk, generator=gen).to(dtype)
+    v = torch.randn(tokens, hv, dv, generator=gen).to(dtype)
+    g = -0.5 * torch.rand(tokens, hv, generator=gen) - 0.01  # log decay < 0, as from gdn-gates
+    beta = 0.98 * torch.rand(tokens, hv, generator=gen) + 0.01
+    state = torch.randn(len(lengths), hv, dk, dv, generator=gen)
+    return q, k, v, g, beta, cu, state
+
+def recurrent(q, k, v, g, beta, cu, state):
+    # gdn_recurrent_decode one token at a time per sequence: the contract's definition, independent of chunks
+    out = torch.empty(v.shape, dtype=torch.float32)
+    final = state.clone()
+    offsets = cu.tolist()
+    for b in range(len(offsets) - 1):
+        s = state[b : b + 1].clone()
+        for t in range(offsets[b], offsets[b + 1]):
+            o = torch.empty(1, v.shape[1], v.shape[2])
+            nxt = torch.empty_like(s)
+            gdn_recurrent_decode(q[t : t + 1].float(), k[t : t + 1].float(), v[t : t + 1].float(), g[t : t + 1], beta[t : t + 1], s, o, nxt)
+            out[t], s = o[0], nxt
+        final[b] = s[0]
+    return out, final
+
+def run(module, args, chunk, in_place=False):
+    q, k, v, g, beta, cu, state = args
+    out = torch.full(v.shape, float("nan"), dtype=v.dtype)
+    if in_place:
+        final = state.clone()
+        module.gdn_chunked_prefill(q, k, v, g, beta, cu, final, out, final, chunk_size=chunk)
+    else:
+        final = torch.full_like(state, float("nan"))
+        module.gdn_chunked_prefill(q, k, v, g, beta, cu, state, out, final, chunk_size=chunk)
+    return out, final
+
+def measure(name, lengths, dtype, chunk, seed, in_place=False, **dims):
+    args = inputs(lengths, dtype, seed, **dims)
+    q, k, v, g, beta, cu, state = args
+    out, final = run(kernel_module, args, chunk, in_place)
+    ref_out, ref_final = torch.empty_like(v), torch.empty_like(state)
+    torch_op(q, k, v, g, beta, cu, state, ref_out, ref_final, chunk_size=chunk)
+    rec_out, rec_final = recurrent(*args)
+    return {
+        "unwritten": int(out.isnan().sum() + final.isnan().sum()),
+        "out_vs_torch": rel(out, ref_out), "state_vs_torch": rel(final, ref_final),
+        "out_vs_recurrent": rel(out, rec_out), "state_vs_recurrent": rel(final, rec_final),
+    }
+
+RAGGED = [1, 5, 16, 17, 40]
+result = {"cases": {}, "wrong": {}}
+result["cases"]["ragged-f32-chunk16"] = measure("ragged", RAGGED, torch.float32, 16, 1)
+result["cases"]["ragged-f32-chunk8"] = measure("ragged8", RAGGED, torch.float32, 8, 2)
+result["cases"]["batch1-f32-chunk16"] = measure("b1", [40], torch.float32, 16, 3)
+result["cases"]["batch3-empty-seq-in-place"] = measure("b3", [17, 0, 23], torch.float32, 16, 4, in_place=True)
+result["cases"]["batch3-hv-eq-hk-dv64"] = measure("b3b", [33, 2, 16], torch.float32, 16, 5, hk=2, hv=2, dk=16, dv=64)  # 2 column blocks
+result["cases"]["ragged-bf16-chunk16"] = measure("bf16", RAGGED, torch.bfloat16, 16, 6)
+
+args = inputs(RAGGED, torch.float32, 1)
+ref_out, ref_final = torch.empty_like(args[2]), torch.empty_like(args[6])
+torch_op(*args, ref_out, ref_final, chunk_size=16)
+for name, (old, new) in WRONG_VARIANTS.items():
+    out, final = run(wrong_module(name, old, new), args, 16)
+    result["wrong"][name] = {"out_vs_torch": rel(out, ref_out), "state_vs_torch": rel(final, ref_final)}
+print("RESULT" + json.dumps(result))
+print("ok")
+"""
+
+
+@pytest.fixture(scope="module")
+def run():
+    script = SCRIPT.replace("__WRONG__", repr(WRONG_VARIANTS))
+    return interpreter_run({CONTRACT: {IMPL: CPU_CASES}}, script)
+
+
+@pytest.fixture(scope="module")
+def measured(run):
+    script = run["script"]
+    assert script is not None and script["ok"], script
+    marker = script["output"].rfind("RESULT")
+    assert marker >= 0, script["output"]
+    return json.loads(script["output"][marker + len("RESULT"):].splitlines()[0])
+
+
+def test_contract_cpu_cases_pass_under_the_interpreter(run):
+    records = {key.split("|", 1)[1]: value for key, value in run["records"].items()}
+    assert_all_passed(records[IMPL], CPU_CASES)
+
+
+@pytest.mark.parametrize("case", [
+    "ragged-f32-chunk16", "ragged-f32-chunk8", "batch1-f32-chunk16", "batch3-empty-seq-in-place", "batch3-hv-eq-hk-dv64",
+])
+def test_float32_matches_the_torch_op_and_the_recurrence(measured, case):
+    errors = measured["cases"][case]
+    assert errors["unwritten"] == 0, errors
+    for name in ("out_vs_torch", "state_vs_torch", "out_vs_recurrent", "state_vs_recurrent"):
+        assert errors[name] < F32_BOUND, (name, errors)
+
+
+def test_bfloat16_output_matches_the_torch_op(measured):
+    errors = measured["cases"]["ragged-bf16-chunk16"]
+    assert errors["unwritten"] == 0, errors
+    assert errors["out_vs_torch"] < BF16_OUT_BOUND, errors
+    assert errors["state_vs_torch"] < F32_BOUND, errors  # the state stays float32 (inputs are exact bf16 values)
+    assert errors["state_vs_recurrent"] < F32_BOUND, errors
+    assert errors["out_vs_recurrent"] < BF16_OUT_BOUND, errors  # bf16 rounding of the output only (about 1.7e-3)
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG_VARIANTS))
+def test_the_comparison_rejects_a_known_wrong_kernel(measured, wrong):
+    errors = measured["wrong"][wrong]
+    assert max(errors.values()) > WRONG_MIN_ERROR, errors
+    assert max(errors.values()) > 100 * F32_BOUND, errors
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("lengths", [[1024], [1, 255, 256, 512]])
+def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths):
+    from reference_engine.kernels.gdn_chunked_prefill import gdn_chunked_prefill
+    from reference_engine.ops.linear_attention import gdn_chunked_prefill as torch_op
+
+    generator = torch.Generator(device="cuda").manual_seed(len(lengths))
+    tokens, batch = sum(lengths), len(lengths)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, device="cuda")
+
+    q, k, v = randn(tokens, 16, 128).bfloat16(), randn(tokens, 16, 128).bfloat16(), randn(tokens, 32, 128).bfloat16()
+    g = -0.5 * torch.rand(tokens, 32, generator=generator, device="cuda") - 0.01
+    beta = torch.rand(tokens, 32, generator=generator, device="cuda")
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    state = randn(batch, 32, 128, 128)
+    expected_out, expected_state = torch.empty_like(v), torch.empty_like(state)
+    torch_op(q, k, v, g, beta, cu, state, expected_out, expected_state)
+    out = torch.full_like(v, float("nan"))
+    final = torch.full_like(state, float("nan"))
+    gdn_chunked_prefill(q, k, v, g, beta, cu, state, out, final)
+    torch.cuda.synchronize()
+    assert not out.isnan().any() and not final.isnan().any()
+
+    def rel(a, b):
+        return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+    assert rel(final, expected_state) < 1e-4, rel(final, expected_state)
+    assert rel(out.float(), expected_out.float()) < 5e-3, rel(out.float(), expected_out.float())
