@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.testing
 
+from reference_engine.bench.timing import graph_seconds
+
 COPY_BANDWIDTH = 4.27e12  # bytes/s, measured copy bandwidth of the H200 (shared/FACTS.md)
 DEVICE = "cuda"
 
@@ -33,26 +35,7 @@ def median_us(fn: Callable[[], object]) -> float:
 def graph_us(fn: Callable[[], object], replays: int = 50) -> float | None:
     """Median microseconds per replay of a CUDA graph holding one call; None when capture fails."""
     try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(replays):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        return float(sorted(times)[len(times) // 2])
+        return graph_seconds(fn, replays) * 1e6
     except Exception as error:  # noqa: BLE001 - capture failures are reported, not fatal
         print(f"    (graph capture failed: {type(error).__name__}: {str(error)[:120]})")
         torch.cuda.synchronize()
