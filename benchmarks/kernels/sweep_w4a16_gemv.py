@@ -2,13 +2,15 @@
 
     PYTHONPATH=. python3 benchmarks/kernels/sweep_w4a16_gemv.py results.json
 
-Each configuration (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K, num_warps, K loop: 0 plain, 1 unrolled, 3 pipelined in 3 stages) is timed as a CUDA graph of
+Each configuration (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K, num_warps, K loop: 0 plain, 1 unrolled, 3 pipelined in 3 stages,
+weight reads: 0 bytes, 1 int32 words) is timed as a CUDA graph of
 `CALLS` back-to-back calls, each on its own copy of the weights (copies together > 2x the 60 MB L2,
 so every call streams its weights from HBM as in a real step, where each layer has its own). The
 figure is graph time / CALLS: the in-graph cost of one call, launch gaps included. Bytes: packed
 weights + block scales + x + out. Each configuration's output is checked against the torch op
 (relative Frobenius error) before it is timed. Prints the best configurations per shape and the
-default `plan`'s, and writes every record as JSON. No speed is asserted.
+default `plan`'s, and writes every record as JSON. At batch 8, 32 and 64 it times the default GEMV (both
+weight reads) against the tensor-core GEMM of `kernels/nvfp4_gemm.py` (`write_tuning.py` picks the crossover). No speed is asserted.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ SHAPES = {  # name: (N, K)
     "lm head (nvfp4)": (248320, 2048),
 }
 CALLS = 20
-TOKENS = (1,)  # batch-1 decode; other batch sizes keep the default plan
+TOKENS = (1, 8, 32, 64)  # batch 1: the tile sweep; larger batches: default GEMV (byte and word reads) vs the tensor-core GEMM
 COPY_BANDWIDTH = 4.27e12
 
 
@@ -48,47 +50,81 @@ def time_config(x, weights, out, config) -> float:
     return graph_seconds(step) * 1e6 / CALLS
 
 
+def candidates(default: tuple[int, ...], rows: int, k_bytes: int) -> list[tuple[int, ...]]:
+    """Byte reads: the default plan and the best of run3; word reads: row blocks x K steps x loop form."""
+    base = (*default, 4, 0, 0)
+    found = {base, (default[0], 8, min(512, k_bytes), 1, 4, 0, 0)}
+    for block_n, block_kb, loop in itertools.product((4, 8, 16), (128, 256, 512), (0, 3)):
+        if block_kb <= k_bytes and 1024 <= block_n * block_kb <= 8192:
+            split = 1  # split-K until the programs fill the multiprocessors twice (as `plan` does)
+            while -(-rows // block_n) * split < 2 * 132 and split * 2 <= k_bytes // block_kb:
+                split *= 2
+            found.add((default[0], block_n, block_kb, split, 4, loop, 1))
+    return sorted(found)
+
+
+def timed(x, weights, out, expected, config):
+    try:
+        nvfp4_gemv.launch_w4a16_gemv(x, *weights[0], out, config=config)
+        error = float((out.double() - expected.double()).norm() / expected.double().norm())
+        seconds = time_config(x, weights, out, config) * 1e-6 if error < 1e-2 else float("nan")
+    except Exception as failure:  # noqa: BLE001 - a configuration that does not compile is recorded
+        print(f"{config}: {type(failure).__name__}: {str(failure)[:100]}")
+        return float("nan"), float("nan")
+    return error, seconds
+
+
+def gemm_seconds(x, weights, out) -> float:
+    from reference_engine.kernels.nvfp4_gemm import w4a16_gemm
+
+    def step():
+        for index in range(CALLS):
+            packed, scale, scale_2 = weights[index % len(weights)]
+            w4a16_gemm(x, packed, scale, scale_2, out)
+
+    return graph_seconds(step) / CALLS
+
+
 def main(path: str) -> None:
+    from reference_engine.kernels.nvfp4_gemm import w4a16_gemm
+
     torch.manual_seed(0)
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     records = []
-    for (name, (rows, cols)), tokens in itertools.product(SHAPES.items(), TOKENS):
+    for name, (rows, cols) in SHAPES.items():
         weight = torch.randn(rows, cols, device="cuda") * cols**-0.5
         packed, scale, scale_2 = quantize_nvfp4(weight)
         del weight
         nbytes = packed.numel() + scale.numel() + 4
         weights = [(packed, scale, scale_2)] + [(packed.clone(), scale.clone(), scale_2) for _ in range(copies_for(nbytes) - 1)]
-        x = torch.randn(tokens, cols, device="cuda").bfloat16()
-        expected = torch.empty(tokens, rows, device="cuda", dtype=torch.bfloat16)
-        torch_linear(x, packed, scale, scale_2, out=expected)
-        moved = nbytes + x.numel() * 2 + tokens * rows * 2
-        default = nvfp4_gemv.plan(tokens, rows, cols // 2, sm)
-        splits = (1, 2) if rows * tokens < 4096 else (1,)  # split-K only where the rows alone cannot fill the SMs
-        grid = itertools.product((default[0],), (8, 16, 32), (128, 256, 512), splits, (4,), (0, 1, 3))
-        configs = sorted(set([(*default, 4, 0)] + [
-            c for c in grid if c[2] <= cols // 2 and 2048 <= c[1] * c[2] <= 8192 and (c[4] == 4 or c[1] * c[2] >= 4096)
-        ]))
-        for config in configs:
-            out = torch.full_like(expected, float("nan"))
-            try:
-                nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2, out, config=config)
+        for tokens in TOKENS if name != "lm head (nvfp4)" else (1,):
+            x = torch.randn(tokens, cols, device="cuda").bfloat16()
+            expected = torch.empty(tokens, rows, device="cuda", dtype=torch.bfloat16)
+            torch_linear(x, packed, scale, scale_2, out=expected)
+            moved = nbytes + x.numel() * 2 + tokens * rows * 2
+            default = nvfp4_gemv.plan(tokens, rows, cols // 2, sm)
+            configs = candidates(default, rows, cols // 2) if tokens == 1 else [(*default, 4, 0, 0), (*default, 4, 0, 1)]
+            for config in configs:
+                out = torch.full_like(expected, float("nan"))
+                error, seconds = timed(x, weights, out, expected, config)
+                records.append({"shape": name, "N": rows, "K": cols, "tokens": tokens, "kernel": "gemv", "config": config, "default": config == (*default, 4, 0, 0),
+                                "k_bytes": cols // 2, "us": seconds * 1e6, "bytes": moved, "fraction_of_copy": moved / seconds / COPY_BANDWIDTH, "rel_error": error})  # fmt: skip
+            if tokens > 1:  # the tensor-core GEMM at the same batch
+                out = torch.full_like(expected, float("nan"))
+                w4a16_gemm(x, packed, scale, scale_2, out)
                 error = float((out.double() - expected.double()).norm() / expected.double().norm())
-                seconds = time_config(x, weights, out, config) * 1e-6 if error < 1e-2 else float("nan")
-            except Exception as failure:  # noqa: BLE001 - a configuration that does not compile is recorded
-                error, seconds = float("nan"), float("nan")
-                print(f"{name} M={tokens} {config}: {type(failure).__name__}: {str(failure)[:100]}")
-            records.append({"shape": name, "N": rows, "K": cols, "tokens": tokens, "config": config, "default": config == (*default, 4, 0), "k_bytes": cols // 2,
-                            "us": seconds * 1e6, "bytes": moved, "fraction_of_copy": moved / seconds / COPY_BANDWIDTH, "rel_error": error})  # fmt: skip
-        ok = [r for r in records if r["shape"] == name and r["tokens"] == tokens and r["us"] == r["us"]]
-        ok.sort(key=lambda r: r["us"])
-        base = next((r for r in ok if r["default"]), None)
-        print(f"{name:20s} M={tokens}: default {base['config'] if base else None} {base['us'] if base else float('nan'):.1f} us "
-              f"({base['fraction_of_copy'] if base else float('nan'):.2f} of copy); best "
-              + "; ".join(f"{r['config']} {r['us']:.1f} us ({r['fraction_of_copy']:.2f})" for r in ok[:3]))  # fmt: skip
+                seconds = gemm_seconds(x, weights, out) if error < 1e-2 else float("nan")
+                records.append({"shape": name, "N": rows, "K": cols, "tokens": tokens, "kernel": "gemm", "config": None, "default": False,
+                                "k_bytes": cols // 2, "us": seconds * 1e6, "bytes": moved, "fraction_of_copy": moved / seconds / COPY_BANDWIDTH, "rel_error": error})  # fmt: skip
+            ok = sorted((r for r in records if r["shape"] == name and r["tokens"] == tokens and r["us"] == r["us"]), key=lambda r: r["us"])
+            base = next((r for r in ok if r["default"]), None)
+            print(f"{name:20s} M={tokens}: default {base['us'] if base else float('nan'):.1f} us "
+                  f"({base['fraction_of_copy'] if base else float('nan'):.2f} of copy); best "
+                  + "; ".join(f"{r['kernel']} {r['config']} {r['us']:.1f} us ({r['fraction_of_copy']:.2f})" for r in ok[:3]), flush=True)  # fmt: skip
+            with open(path, "w") as handle:
+                json.dump(records, handle, indent=1)
         del weights
         torch.cuda.empty_cache()
-        with open(path, "w") as handle:
-            json.dump(records, handle, indent=1)
 
 
 if __name__ == "__main__":

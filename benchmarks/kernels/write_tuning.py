@@ -11,6 +11,7 @@ size rather than best at one. The device name is read from the GPU this runs on.
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import torch
@@ -18,6 +19,7 @@ import torch
 
 def gemv_entries(records: list[dict]) -> list[dict]:
     entries = []
+    records = [r for r in records if r.get("kernel", "gemv") == "gemv" and r["tokens"] == 1]
     for key in sorted({(r["tokens"], r["N"], r["K"]) for r in records}):
         rows = [r for r in records if (r["tokens"], r["N"], r["K"]) == key and r["us"] == r["us"] and r["rel_error"] < 1e-2]
         if not rows:
@@ -30,14 +32,42 @@ def gemv_entries(records: list[dict]) -> list[dict]:
 
 
 def moe_setting(records: list[dict]) -> dict | None:
-    ok = [r for r in records if r["us"] == r["us"] and r["rel_error"] < 1e-2]
+    ok = [r for r in records if r.get("setting") is not None and r["us"] == r["us"] and r["rel_error"] < 1e-2]
     if not ok:
         return None
     best_per_batch = {t: min(r["us"] for r in ok if r["tokens"] == t) for t in {r["tokens"] for r in ok}}
     settings = {tuple(r["setting"]) for r in ok}
     complete = [s for s in settings if all(any(tuple(r["setting"]) == s and r["tokens"] == t for r in ok) for t in best_per_batch)]
     choice = min(complete, key=lambda s: sum(r["us"] / best_per_batch[r["tokens"]] for r in ok if tuple(r["setting"]) == s))
-    return dict(zip(("LOOP", "GATE_UP_BLOCK_N", "GATE_UP_BLOCK_K", "DOWN_BLOCK_H", "DOWN_BLOCK_I"), choice))
+    return dict(zip(("LOOP", "GATE_UP_BLOCK_N", "GATE_UP_BLOCK_K", "DOWN_BLOCK_H", "DOWN_BLOCK_I", "WORDS"), choice))
+
+
+def _summed(records: list[dict], tokens: int, keep) -> float:
+    """Summed microseconds over the shapes measured at `tokens` for the records `keep` selects (nan if a shape lacks one)."""
+    total = 0.0
+    for shape in {r["shape"] for r in records if r["tokens"] == tokens}:
+        times = [r["us"] for r in records if r["shape"] == shape and r["tokens"] == tokens and keep(r) and r["us"] == r["us"] and r["rel_error"] < 1e-2]
+        total += min(times) if times else float("nan")
+    return total
+
+
+def batch_choices(records: list[dict]) -> dict:
+    """gemv_words: word reads for the untuned shapes when they beat byte reads at the smallest batch above 1
+    (summed over shapes); gemm_min_tokens: the smallest batch from which the tensor-core GEMM beats the best
+    GEMV at every larger batch measured."""
+    choices: dict = {}
+    batches = sorted({r["tokens"] for r in records if r.get("kernel") == "gemm"})
+    if not batches:
+        return choices
+    words = _summed(records, batches[0], lambda r: r["kernel"] == "gemv" and r["config"][-1] == 1)
+    plain = _summed(records, batches[0], lambda r: r["kernel"] == "gemv" and r["config"][-1] == 0)
+    if not (math.isnan(words) or math.isnan(plain)):
+        choices["gemv_words"] = int(words < plain)
+    wins = [t for t in batches if _summed(records, t, lambda r: r["kernel"] == "gemm") < _summed(records, t, lambda r: r["kernel"] == "gemv")]
+    crossover = next((t for t in batches if all(b in wins for b in batches if b >= t)), None)
+    if crossover is not None:
+        choices["gemm_min_tokens"] = crossover
+    return choices
 
 
 if __name__ == "__main__":
@@ -55,6 +85,8 @@ if __name__ == "__main__":
         value = build(records)
         if value:
             tuning[key] = value
+        if key == "nvfp4_gemv":
+            tuning |= batch_choices(records)
     with open(sys.argv[3], "w") as handle:
         json.dump(tuning, handle, indent=1)
     print(json.dumps(tuning))

@@ -37,7 +37,7 @@ from reference_engine.kernels.launch import (
     require_launchable,
     staging_buffer,
 )
-from reference_engine.kernels.nvfp4_gemv import _decode_e2m1
+from reference_engine.kernels.nvfp4_gemv import _decode_e2m1, _e2m1_word_pair
 from reference_engine.kernels.router import router_topk_with_shared
 from reference_engine.ops.moe import (
     _check_expert_range,
@@ -67,9 +67,31 @@ def _dense_rows_dot(w_ptr, row_base, row_ok, x_ptr, K, k0, BLOCK_K: tl.constexpr
 
 
 @triton.jit
-def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, BN: tl.constexpr, BLOCK_KB: tl.constexpr):
+def _nvfp4_rows_dot_words(words_ptr, scale_ptr, row, row_ok, x_ptr, K_WORDS, word0, BN: tl.constexpr, BLOCK_W: tl.constexpr, ASM: tl.constexpr):
+    """`_nvfp4_rows_dot` over int32 words (8 codes each): per word, the 4 decoded pairs (codes j, j + 4)
+    against x[8w + j], x[8w + j + 4]; each word's sum times its block scale (one per two words)."""
+    wcols = word0 + tl.arange(0, BLOCK_W)
+    ok = wcols < K_WORDS
+    tile_ok = row_ok[:, None] & ok[None, :]
+    words = tl.load(words_ptr + row[:, None] * K_WORDS + wcols[None, :], mask=tile_ok, other=0)  # [BN, BW]
+    scale = tl.load(scale_ptr + row[:, None] * (K_WORDS // 2) + (wcols // 2)[None, :], mask=tile_ok, other=0.0).to(tl.float32)
+    part = tl.zeros((BN, BLOCK_W), dtype=tl.float32)
+    for j in tl.static_range(4):
+        lo, hi = _e2m1_word_pair(words, j, ASM)
+        x_lo = tl.load(x_ptr + wcols * 8 + j, mask=ok, other=0.0).to(tl.float32)
+        x_hi = tl.load(x_ptr + wcols * 8 + (j + 4), mask=ok, other=0.0).to(tl.float32)
+        part += lo * x_lo[None, :] + hi * x_hi[None, :]
+    return tl.sum(part * scale, axis=1)
+
+
+@triton.jit
+def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, BN: tl.constexpr, BLOCK_KB: tl.constexpr, DECODE: tl.constexpr = 0):
     """Same over packed rows `row` [BN] (int64 row index of a [rows, K/2] code matrix); result times
-    2^-14 / weight_scale_2 (the caller multiplies by the tensor scale and 2^14)."""
+    2^-14 / weight_scale_2 (the caller multiplies by the tensor scale and 2^14). DECODE 0: bytes, nibbles
+    split per byte; 1 / 2: `packed_ptr` is the int32 view of the codes, two codes decoded per shift and
+    mask (`nvfp4_gemv._e2m1_word_pair`; 2 in PTX on the GPU, 1 the integer form for the interpreter)."""
+    if DECODE > 0:
+        return _nvfp4_rows_dot_words(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES // 4, byte0 // 4, BN, BLOCK_KB // 4, DECODE == 2)
     byte_cols = byte0 + tl.arange(0, BLOCK_KB)
     ok = byte_cols < K_BYTES
     packed = tl.load(packed_ptr + row[:, None] * K_BYTES + byte_cols[None, :], mask=row_ok[:, None] & ok[None, :], other=0)
@@ -86,7 +108,7 @@ def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, B
 @triton.jit
 def _nvfp4_gate_up(
     w_ptr, scale_ptr, scale_2_ptr, gate_row, row_ok, x_row, H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    LOOP: tl.constexpr = 0,
+    LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
 ):
     """(gate, up) [BN] float32: packed gate rows `gate_row` [BN] (int64) and up rows gate_row + I against x_row,
     times the tensor scales scale_2_ptr[0] (gate) and scale_2_ptr[1] (up)."""
@@ -94,34 +116,34 @@ def _nvfp4_gate_up(
     up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if LOOP == 1:  # unrolled: all of the row's loads may be in flight at once
         for byte0 in tl.static_range(0, H // 2, BLOCK_K):
-            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
-            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
+            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
     elif LOOP > 1:  # software-pipelined, LOOP stages
         for byte0 in tl.range(0, H // 2, BLOCK_K, num_stages=LOOP):
-            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
-            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
+            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
     else:
         for byte0 in range(0, H // 2, BLOCK_K):
-            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
-            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K)
+            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
+            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
     return gate * (tl.load(scale_2_ptr) * 16384.0), up * (tl.load(scale_2_ptr + 1) * 16384.0)
 
 
 @triton.jit
 def _routed_nvfp4_gate_up(
     ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    LOOP: tl.constexpr = 0,
+    LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
 ):
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     gate_row = expert * 2 * I + rows  # row index in the [E * 2I, ...] view
-    return _nvfp4_gate_up(w_ptr, scale_ptr, scale_2_ptr + expert * 2, gate_row, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP)
+    return _nvfp4_gate_up(w_ptr, scale_ptr, scale_2_ptr + expert * 2, gate_row, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE)
 
 
 @triton.jit
 def _gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0,
+    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
 ):
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K  # slots per token; with SHARED the last one is the shared expert
     pair = tl.program_id(0)  # t * SLOTS + j
@@ -132,11 +154,11 @@ def _gate_up_kernel(
     if WEIGHT_NVFP4:
         if SHARED:
             if pair % SLOTS == TOP_K:  # uniform per program: the shared expert's own tensors
-                gate, up = _nvfp4_gate_up(shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, rows.to(tl.int64), row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP)
+                gate, up = _nvfp4_gate_up(shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, rows.to(tl.int64), row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE)
             else:
-                gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP)
+                gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE)
         else:
-            gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP)
+            gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE)
     else:
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         gate_row = expert * 2 * I + rows
@@ -152,7 +174,7 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, pair, rows, row_ok, H: tl.constexpr, I: tl.constexpr,
-               WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr):
+               WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr, DECODE: tl.constexpr = 0):
     """weight * (down_e rows @ act) [BH] float32 for one (token, slot) pair of a routed expert."""
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     weight = tl.load(weights_ptr + pair)
@@ -161,7 +183,7 @@ def _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, pai
     partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
     if WEIGHT_NVFP4:
         for byte0 in tl.static_range(0, I // 2, BLOCK_I):
-            partial += _nvfp4_rows_dot(w_ptr, scale_ptr, down_row, row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I)
+            partial += _nvfp4_rows_dot(w_ptr, scale_ptr, down_row, row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I, DECODE)
         partial *= tl.load(scale_2_ptr + expert) * 16384.0
     else:
         for i0 in tl.static_range(0, I, BLOCK_I):
@@ -173,7 +195,7 @@ def _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, pai
 def _down_kernel(
     act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, out_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
-    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0,
+    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
 ):
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K
     token = tl.program_id(0)
@@ -182,19 +204,19 @@ def _down_kernel(
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     if LOOP == 1:  # unrolled over the experts: their loads may all be in flight
         for j in tl.static_range(TOP_K):
-            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I)
+            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
     elif LOOP > 1:  # pipelined over the experts
         for j in tl.range(TOP_K, num_stages=LOOP):
-            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I)
+            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
     else:
         for j in range(TOP_K):
-            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I)
+            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
     if SHARED:  # the last slot: the shared expert, weight = sigmoid(its gate logit)
         pair = token * SLOTS + TOP_K
         act_row = act_ptr + pair.to(tl.int64) * I
         partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
         for byte0 in range(0, I // 2, BLOCK_I):
-            partial += _nvfp4_rows_dot(shared_w_ptr, shared_scale_ptr, rows.to(tl.int64), row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I)
+            partial += _nvfp4_rows_dot(shared_w_ptr, shared_scale_ptr, rows.to(tl.int64), row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I, DECODE)
         acc += tl.load(weights_ptr + pair) * (partial * (tl.load(shared_scale_2_ptr) * 16384.0))
     tl.store(out_ptr + token.to(tl.int64) * H + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
 
@@ -203,6 +225,7 @@ def _down_kernel(
 LOOP = 0  # loops over K (gate/up) and over the experts (down): 0 plain, 1 unrolled, n >= 2 pipelined n stages
 GATE_UP_BLOCK_N, GATE_UP_BLOCK_K = 16, 128  # rows of gate (and of up) per program, packed bytes per K step
 DOWN_BLOCK_H, DOWN_BLOCK_I = 16, 128  # output rows per program, packed bytes per K step
+WORDS = 0  # NVFP4 weight reads: 0 bytes, 1 int32 words with two codes decoded per shift and mask (`_nvfp4_rows_dot_words`)
 
 
 def _launch(
@@ -215,6 +238,12 @@ def _launch(
     top_k = slots - 1 if shared is not None else slots
     if num_tokens == 0:
         return
+    decode = 0
+    if nvfp4 and WORDS:  # int32 views of the codes (rows of H/2 and I/2 bytes, multiples of 8)
+        decode = 1 if interpreting() else 2
+        gate_up, down = gate_up.view(torch.int32), down.view(torch.int32)
+        if shared is not None:
+            shared = SharedNvfp4Expert(*(t.view(torch.int32) if t.dtype == torch.uint8 else t for t in vars(shared).values()))
     gate_up_shared, down_shared = {}, {}  # extra kernel arguments for the fused shared expert
     if shared is not None:
         names = ("shared_w_ptr", "shared_scale_ptr", "shared_scale_2_ptr")
@@ -229,7 +258,7 @@ def _launch(
     ids = topk_ids.contiguous()
     _gate_up_kernel[(num_tokens * slots, triton.cdiv(intermediate, block_n))](
         x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
-        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=LOOP,
+        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=LOOP, DECODE=decode,
         **gate_up_shared,
     )
     if act.dtype != x.dtype:
@@ -240,7 +269,7 @@ def _launch(
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     _down_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         act, ids, topk_weights.contiguous(), down, down_scale, down_scale_2, target, hidden, intermediate,
-        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i, LOOP=LOOP,
+        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i, LOOP=LOOP, DECODE=decode,
         **down_shared,
     )
     if target is not buffer:

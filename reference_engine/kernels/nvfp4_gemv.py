@@ -19,7 +19,12 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.kernels.launch import (
+    finish,
+    interpreting,
+    require_launchable,
+    staging_buffer,
+)
 from reference_engine.ops.registry import satisfies
 from reference_engine.quant.linear import _check_linear, _check_row_scales
 
@@ -28,6 +33,8 @@ E2M1_FROM_HALF_BITS = 16384.0  # 2^14: float16 with the E2M1 bits placed at 11..
 _SM_COUNT_DEFAULT = 132
 TUNED: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (tokens, rows, k_bytes) -> measured config (kernels/tuning.py)
 LOOP = 0  # the K loop: 0 plain, 1 unrolled (tl.static_range), n >= 2 pipelined n stages (tl.range); benchmarks/kernels/ compares
+WORDS = 0  # weight reads: 0 bytes (nibbles split per byte), 1 int32 words (two codes decoded per shift-and-mask; `_e2m1_word_pair`)
+GEMM_MIN_TOKENS = MAX_GEMV_TOKENS + 1  # from this many tokens the tensor-core GEMM runs instead of the GEMV (tuning may lower it)
 
 
 @triton.jit
@@ -66,12 +73,90 @@ def _gemv_step(x_ptr, packed_ptr, scale_ptr, scale_2, byte0, rows, row_ok, token
 
 
 @triton.jit
+def _e2m1_word_pair(words, J: tl.constexpr, ASM: tl.constexpr):
+    """int32 words of 8 E2M1 codes (code i in bits 4i..4i+3, the packed bytes read little-endian) ->
+    float32 (code J, code J + 4), each the E2M1 value times 2^-14. One shift and mask place the magnitude
+    bits of both codes at bits 9..11 and 25..27, another the signs at 15 and 31: the word is then two
+    float16 values (codes J and J + 4 are 16 bits apart), split and widened. ASM: the same in PTX
+    (two halves of one register, no integer extraction); the interpreter runs the integer form."""
+    if ASM:
+        if J == 0:
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 m, s; .reg .b16 l, h; shl.b32 m, $2, 9; and.b32 m, m, 0x0E000E00; shl.b32 s, $2, 12; and.b32 s, s, 0x80008000;"
+                " or.b32 m, m, s; mov.b32 {l, h}, m; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+                "=r,=r,r", [words], dtype=(tl.float32, tl.float32), is_pure=True, pack=1,
+            )  # fmt: skip
+        elif J == 1:
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 m, s; .reg .b16 l, h; shl.b32 m, $2, 5; and.b32 m, m, 0x0E000E00; shl.b32 s, $2, 8; and.b32 s, s, 0x80008000;"
+                " or.b32 m, m, s; mov.b32 {l, h}, m; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+                "=r,=r,r", [words], dtype=(tl.float32, tl.float32), is_pure=True, pack=1,
+            )  # fmt: skip
+        elif J == 2:
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 m, s; .reg .b16 l, h; shl.b32 m, $2, 1; and.b32 m, m, 0x0E000E00; shl.b32 s, $2, 4; and.b32 s, s, 0x80008000;"
+                " or.b32 m, m, s; mov.b32 {l, h}, m; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+                "=r,=r,r", [words], dtype=(tl.float32, tl.float32), is_pure=True, pack=1,
+            )  # fmt: skip
+        else:
+            lo, hi = tl.inline_asm_elementwise(
+                "{ .reg .b32 m, s; .reg .b16 l, h; shr.b32 m, $2, 3; and.b32 m, m, 0x0E000E00; and.b32 s, $2, 0x80008000;"
+                " or.b32 m, m, s; mov.b32 {l, h}, m; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+                "=r,=r,r", [words], dtype=(tl.float32, tl.float32), is_pure=True, pack=1,
+            )  # fmt: skip
+    else:
+        if J == 3:
+            mag = (words >> 3) & 0x0E000E00
+        else:
+            mag = (words << (9 - 4 * J)) & 0x0E000E00
+        signs = (words << (12 - 4 * J)) & -2147450880  # 0x80008000 as int32
+        both = mag | signs
+        lo = (both & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        hi = (both >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _gemv_words_step(x_ptr, words_ptr, scale_ptr, scale_2, word0, rows, row_ok, tokens, token_ok, K_WORDS, stride_xm,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, ASM: tl.constexpr):
+    """One K step over BLOCK_W int32 words (8 elements each) per row: [BM, BN] partial products. The
+    block scale (one per two words) multiplies each word's partial sum; x is read at the elements each
+    decoded pair needs (strided loads from cache), so no tile changes layout."""
+    wcols = word0 + tl.arange(0, BLOCK_W)  # [BW]
+    words_ok = wcols < K_WORDS
+    tile_ok = row_ok[:, None] & words_ok[None, :]
+    words = tl.load(words_ptr + rows[:, None].to(tl.int64) * K_WORDS + wcols[None, :], mask=tile_ok, other=0)  # [BN, BW]
+    scale = tl.load(scale_ptr + rows[:, None].to(tl.int64) * (K_WORDS // 2) + (wcols // 2)[None, :], mask=tile_ok, other=0.0).to(tl.float32) * scale_2
+    x_rows = x_ptr + tokens[:, None] * stride_xm + wcols[None, :] * 8  # [BM, BW]: element 8w of each word
+    x_ok = token_ok[:, None] & words_ok[None, :]
+    part = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_W), dtype=tl.float32)
+    for j in tl.static_range(4):
+        lo, hi = _e2m1_word_pair(words, j, ASM)  # codes j and j + 4 of every word, [BN, BW]
+        x_lo = tl.load(x_rows + j, mask=x_ok, other=0.0).to(tl.float32)
+        x_hi = tl.load(x_rows + (j + 4), mask=x_ok, other=0.0).to(tl.float32)
+        part += x_lo[:, None, :] * lo[None, :, :] + x_hi[:, None, :] * hi[None, :, :]
+    return tl.sum(part * scale[None, :, :], axis=2)
+
+
+@triton.jit
+def _any_step(x_ptr, packed_ptr, scale_ptr, scale_2, byte0, rows, row_ok, tokens, token_ok, K_BYTES, k_blocks, stride_xm,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, WORDS: tl.constexpr, ASM: tl.constexpr):
+    if WORDS:  # packed_ptr is the int32 view of the codes
+        part = _gemv_words_step(x_ptr, packed_ptr, scale_ptr, scale_2, byte0 // 4, rows, row_ok, tokens, token_ok, K_BYTES // 4, stride_xm,
+                                BLOCK_M, BLOCK_N, BLOCK_KB // 4, ASM)  # fmt: skip
+    else:
+        part = _gemv_step(x_ptr, packed_ptr, scale_ptr, scale_2, byte0, rows, row_ok, tokens, token_ok, K_BYTES, k_blocks, stride_xm,
+                          BLOCK_M, BLOCK_N, BLOCK_KB)  # fmt: skip
+    return part
+
+
+@triton.jit
 def _w4a16_gemv_kernel(
     x_ptr, packed_ptr, scale_ptr, scale_2_ptr, out_ptr,
     M, N, K_BYTES,
     stride_xm, stride_om,
     STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
-    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr,
+    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, WORDS: tl.constexpr = False, ASM: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -88,16 +173,16 @@ def _w4a16_gemv_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if LOOP == 1:  # unrolled: every step's loads may be issued before the first product
         for step in tl.static_range(STEPS_PER_SPLIT):
-            acc += _gemv_step(x_ptr, packed_ptr, scale_ptr, scale_2, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB, rows, row_ok, tokens, token_ok,
-                              K_BYTES, k_blocks, stride_xm, BLOCK_M, BLOCK_N, BLOCK_KB)  # fmt: skip
+            acc += _any_step(x_ptr, packed_ptr, scale_ptr, scale_2, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB, rows, row_ok, tokens, token_ok,
+                             K_BYTES, k_blocks, stride_xm, BLOCK_M, BLOCK_N, BLOCK_KB, WORDS, ASM)  # fmt: skip
     elif LOOP > 1:  # software-pipelined: LOOP iterations' loads in flight
         for step in tl.range(STEPS_PER_SPLIT, num_stages=LOOP):
-            acc += _gemv_step(x_ptr, packed_ptr, scale_ptr, scale_2, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB, rows, row_ok, tokens, token_ok,
-                              K_BYTES, k_blocks, stride_xm, BLOCK_M, BLOCK_N, BLOCK_KB)  # fmt: skip
+            acc += _any_step(x_ptr, packed_ptr, scale_ptr, scale_2, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB, rows, row_ok, tokens, token_ok,
+                             K_BYTES, k_blocks, stride_xm, BLOCK_M, BLOCK_N, BLOCK_KB, WORDS, ASM)  # fmt: skip
     else:
         for step in range(STEPS_PER_SPLIT):
-            acc += _gemv_step(x_ptr, packed_ptr, scale_ptr, scale_2, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB, rows, row_ok, tokens, token_ok,
-                              K_BYTES, k_blocks, stride_xm, BLOCK_M, BLOCK_N, BLOCK_KB)  # fmt: skip
+            acc += _any_step(x_ptr, packed_ptr, scale_ptr, scale_2, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_KB, rows, row_ok, tokens, token_ok,
+                             K_BYTES, k_blocks, stride_xm, BLOCK_M, BLOCK_N, BLOCK_KB, WORDS, ASM)  # fmt: skip
     out_mask = token_ok[:, None] & row_ok[None, :]
     if SPLIT_K == 1:
         tl.store(out_ptr + tokens[:, None] * stride_om + rows[None, :], acc.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -141,16 +226,22 @@ def launch_w4a16_gemv(
 ) -> None:
     """x2d [M, K] (unit stride along K), out2d [M, N] (unit stride along N); weight_scale_2 one value or
     float32 [N] (one per row: stacked linears); no validation. `config` (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K,
-    num_warps[, LOOP]) overrides `plan` (the tuning sweep in benchmarks/kernels/ uses it)."""
+    num_warps[, LOOP[, WORDS]]) overrides `plan` (the tuning sweep in benchmarks/kernels/ uses it)."""
     tokens, rows, k_bytes = x2d.shape[0], weight_packed.shape[0], weight_packed.shape[1]
     if config is None:
         config = TUNED.get((tokens, rows, k_bytes))
     if config is None:
         block_m, block_n, block_kb, split_k = plan(tokens, rows, k_bytes, _sm_count(x2d.device))
-        num_warps, loop = 4, LOOP
+        num_warps, loop, words = 4, LOOP, WORDS
     else:
         block_m, block_n, block_kb, split_k, num_warps, *rest = config
         loop = int(rest[0]) if rest else LOOP
+        words = int(rest[1]) if len(rest) > 1 else WORDS
+    codes = weight_packed
+    if words and block_kb % 8 == 0 and k_bytes % 8 == 0 and weight_packed.storage_offset() % 4 == 0 and weight_packed.is_contiguous():
+        codes = weight_packed.view(torch.int32)  # [N, K/8] words, read little-endian: code i of a word in bits 4i..4i+3
+    else:
+        words = 0
     steps = triton.cdiv(k_bytes, block_kb)
     steps_per_split = triton.cdiv(steps, split_k)
     row_scales = torch.as_tensor(weight_scale_2).numel() == rows and rows > 1
@@ -158,10 +249,10 @@ def launch_w4a16_gemv(
     grid = (triton.cdiv(rows, block_n), triton.cdiv(tokens, block_m), split_k)
     target = out2d if split_k == 1 else torch.empty((split_k, tokens, rows), dtype=torch.float32, device=x2d.device)
     _w4a16_gemv_kernel[grid](
-        x2d, weight_packed, weight_scale, scale_2, target,
+        x2d, codes, weight_scale, scale_2, target,
         tokens, rows, k_bytes, x2d.stride(0), out2d.stride(0),
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_KB=block_kb,
-        ROW_SCALES=row_scales, LOOP=loop, num_warps=num_warps,
+        ROW_SCALES=row_scales, LOOP=loop, WORDS=bool(words), ASM=bool(words) and not interpreting(), num_warps=num_warps,
     )
     if split_k > 1:
         block = 256
@@ -171,7 +262,7 @@ def launch_w4a16_gemv(
 def _apply(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Checked inputs -> the GEMV (up to 64 tokens) or the tensor-core GEMM (prefill); scale_2 one value or [N]."""
     x2d = x.reshape(-1, x.shape[-1])
-    if x2d.shape[0] > MAX_GEMV_TOKENS:  # prefill: the tensor-core GEMM
+    if x2d.shape[0] >= min(GEMM_MIN_TOKENS, MAX_GEMV_TOKENS + 1):  # prefill (and batches the tuning gives it): the tensor-core GEMM
         from reference_engine.kernels.nvfp4_gemm import w4a16_gemm
 
         out2d = out.view(-1, out.shape[-1]) if out.is_contiguous() else torch.empty((x2d.shape[0], out.shape[-1]), dtype=out.dtype, device=out.device)

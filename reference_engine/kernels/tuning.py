@@ -4,7 +4,12 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
 
     {"device": "NVIDIA H200",
      "nvfp4_gemv": [{"tokens": 1, "rows": 12288, "k_bytes": 1024, "config": [1, 16, 256, 1, 4, 1]}, ...],
-     "moe_decode": {"LOOP": 1, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 256, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 256}}
+     "moe_decode": {"LOOP": 1, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 256, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 256, "WORDS": 1},
+     "gemv_words": 1, "gemm_min_tokens": 16}
+
+GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads). `gemv_words` sets the word reads
+for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
+instead of the GEMV (at most 65).
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
 their measured configuration (others keep `nvfp4_gemv.plan`), the MoE settings replace the module
@@ -29,7 +34,7 @@ class GemvEntry(BaseModel):
     tokens: int = Field(ge=1)
     rows: int = Field(ge=1)
     k_bytes: int = Field(ge=1)
-    config: tuple[int, int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K, num_warps, LOOP
+    config: tuple[int, int, int, int, int, int] | tuple[int, int, int, int, int, int, int]  # BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K, num_warps, LOOP[, WORDS]
 
 
 class MoeSettings(BaseModel):
@@ -39,6 +44,7 @@ class MoeSettings(BaseModel):
     GATE_UP_BLOCK_K: int = Field(ge=16, le=2048)
     DOWN_BLOCK_H: int = Field(ge=1, le=128)
     DOWN_BLOCK_I: int = Field(ge=16, le=2048)
+    WORDS: int = Field(default=0, ge=0, le=1)
 
 
 class TuningFile(BaseModel):
@@ -46,6 +52,8 @@ class TuningFile(BaseModel):
     device: str
     nvfp4_gemv: list[GemvEntry] = []
     moe_decode: MoeSettings | None = None
+    gemv_words: int | None = Field(default=None, ge=0, le=1)
+    gemm_min_tokens: int | None = Field(default=None, ge=2, le=65)
 
 
 def device_file(device_name: str) -> Path:
@@ -63,6 +71,10 @@ def apply_tuning(path: str | Path) -> TuningFile:
         raise ValueError(f"tuning file {path}: {error}") from None
     for entry in tuning.nvfp4_gemv:
         nvfp4_gemv.TUNED[(entry.tokens, entry.rows, entry.k_bytes)] = entry.config
+    if tuning.gemv_words is not None:
+        nvfp4_gemv.WORDS = tuning.gemv_words
+    if tuning.gemm_min_tokens is not None:
+        nvfp4_gemv.GEMM_MIN_TOKENS = tuning.gemm_min_tokens
     if tuning.moe_decode is not None:
         for name, value in tuning.moe_decode.model_dump().items():
             setattr(moe_decode, name, value)

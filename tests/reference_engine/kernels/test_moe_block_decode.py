@@ -94,13 +94,16 @@ for T in (1, 3):
         x, rw = inputs(T, dtype)
         expected, expected_ids = block_reference(x, rw)
         results = {}
-        for name, op in (("triton", moe_decode.moe_block_decode), ("torch", static_moe.moe_block_decode)):
+        for name, op, words in (("triton", moe_decode.moe_block_decode, 0), ("triton words", moe_decode.moe_block_decode, 1), ("torch", static_moe.moe_block_decode, 0)):
+            moe_decode.WORDS = words  # 1: int32 word reads, two codes per shift and mask
             out = torch.full((T, H), float("nan"), dtype=dtype)
             op(x, rw, experts, shared, K, out)
+            moe_decode.WORDS = 0
             results[name] = out
             error = rel(out, expected)
             print(f"block T={T} {dtype} {name} vs float64: {error:.2e}")
             assert error < BOUND[dtype], (T, dtype, name, error)
+        assert rel(results["triton words"], results["triton"]) < 1e-5, (T, dtype, "word reads change the result")
         agree = rel(results["triton"], results["torch"])
         print(f"block T={T} {dtype} triton vs torch: {agree:.2e}")
         assert agree < AGREE[dtype], (T, dtype, agree)
@@ -332,9 +335,13 @@ def test_wrappers_reject_bad_shapes():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("words", [0, 1])
 @pytest.mark.parametrize("tokens", [1, 3, 64])
-def test_triton_block_matches_the_torch_op_on_cuda_at_the_real_shape(tokens):
+def test_triton_block_matches_the_torch_op_on_cuda_at_the_real_shape(tokens, words, monkeypatch):
+    from reference_engine.kernels import moe_decode
     from reference_engine.kernels.moe_decode import moe_block_decode
+
+    monkeypatch.setattr(moe_decode, "WORDS", words)  # 1: int32 word reads decoded in PTX
     from reference_engine.ops import static_moe
 
     generator = torch.Generator(device="cuda").manual_seed(tokens)

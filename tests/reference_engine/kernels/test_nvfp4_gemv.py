@@ -35,6 +35,23 @@ for dtype, bound in ((torch.float32, 1e-5), (torch.bfloat16, 5e-3)):
     nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, out)
     error = float((out.double() - expected.double()).norm() / expected.double().norm())
     assert error < bound, (dtype, error)
+
+# int32 word reads (two codes per shift and mask), with split-K, several tokens and per-row tensor scales,
+# against the byte-read kernel on the same inputs (float32 sums: same values up to summation order).
+for tokens, config in ((1, (1, 16, 64, 2, 4, 0, 1)), (3, (4, 8, 32, 1, 4, 1, 1)), (2, (2, 16, 128, 1, 4, 3, 1))):
+    row_scales = torch.rand(40, generator=g) + 0.5
+    for scale_2_in in (scale_2, row_scales):
+        x = torch.randn(tokens, 1024, generator=g)
+        byte_out = torch.full((tokens, 40), float("nan"))
+        nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2_in, byte_out, config=config[:6] + (0,))
+        word_out = torch.full((tokens, 40), float("nan"))
+        nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2_in, word_out, config=config)
+        assert torch.isfinite(word_out).all()
+        error = float((word_out.double() - byte_out.double()).norm() / byte_out.double().norm())
+        assert error < 1e-6, (tokens, config, error)
+        swapped = torch.full((tokens, 40), float("nan"))  # known-wrong: nibbles swapped in the packed bytes
+        nvfp4_gemv.launch_w4a16_gemv(x, (packed >> 4) | (packed << 4), scale, scale_2_in, swapped, config=config)
+        assert float((swapped.double() - byte_out.double()).norm() / byte_out.double().norm()) > 0.1
 print("ok")
 """
 
@@ -66,8 +83,13 @@ def test_contract_catches_known_wrong_kernel(records, wrong):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(("tokens", "rows", "columns"), [(1, 512, 2048), (1, 8192, 2048), (4, 2048, 4096), (32, 1024, 2048), (64, 4096, 2048), (65, 512, 2048)])
-def test_matches_the_torch_op_on_cuda(tokens, rows, columns):
+@pytest.mark.parametrize("words", [0, 1])
+def test_matches_the_torch_op_on_cuda(tokens, rows, columns, words, monkeypatch):
+    from reference_engine.kernels import nvfp4_gemv
     from reference_engine.kernels.nvfp4_gemv import w4a16_linear as triton_linear
+
+    monkeypatch.setattr(nvfp4_gemv, "WORDS", words)  # 1: int32 word reads decoded in PTX
+    monkeypatch.setattr(nvfp4_gemv, "TUNED", {})
     from reference_engine.quant.linear import w4a16_linear as torch_linear
     from reference_engine.quant.nvfp4 import quantize_nvfp4
 
