@@ -39,7 +39,7 @@ def configs():
             yield f"w4a16 words M={tokens} N={rows} split={split_k} loop={loop}", nvfp4_gemv._w4a16_gemv_kernel, gemv_sig | {"out_ptr": out, "packed_ptr": "*i32"}, {"STEPS_PER_SPLIT": steps, "SPLIT_K": split_k, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_KB": block_kb, "ROW_SCALES": tokens == 1, "LOOP": loop, "WORDS": True, "ASM": True}
     yield "split-k reduce", nvfp4_gemv._split_k_reduce_kernel, {"workspace_ptr": "*fp32", "out_ptr": "*bf16", "M": I32, "N": I32, "stride_om": I32}, {"SPLIT_K": 4, "BLOCK": 256}
     for (nvfp4, weight, scale, scale_2), loop in itertools.product(((True, "*u8", "*fp8e4nv", "*fp32"), (False, "*bf16", "*bf16", "*bf16")), (0, 1, 3)):
-        unshared = {"SHARED": False, "LOOP": loop, "shared_w_ptr": None, "shared_scale_ptr": None, "shared_scale_2_ptr": None}
+        unshared = {"SHARED": False, "LOOP": loop, "DECODE": 0, "shared_w_ptr": None, "shared_scale_ptr": None, "shared_scale_2_ptr": None}
         yield f"moe gate_up nvfp4={nvfp4} loop={loop}", moe_decode._gate_up_kernel, {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": weight, "scale_ptr": scale, "scale_2_ptr": scale_2, "act_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": nvfp4, "BLOCK_N": 16, "BLOCK_K": 128} | unshared
         yield f"moe down nvfp4={nvfp4} loop={loop}", moe_decode._down_kernel, {"act_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "w_ptr": weight, "scale_ptr": scale, "scale_2_ptr": scale_2, "out_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": nvfp4, "BLOCK_H": 16, "BLOCK_I": 128} | unshared
     words_unshared = {"SHARED": False, "LOOP": 3, "DECODE": 2, "shared_w_ptr": None, "shared_scale_ptr": None, "shared_scale_2_ptr": None}
