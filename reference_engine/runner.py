@@ -13,12 +13,15 @@ scratch space that the padding rows of a bucket write into. Prefill and mixed st
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.config import EngineConfig
 from reference_engine.cuda_graphs import DECODE_MODES, ScratchSpace, StaticDecoder
 from reference_engine.forward_batch import ForwardBatch
+from reference_engine.model.eager_ops import forced_backend
 from reference_engine.ops.backend import select_ops
 from reference_engine.sampler import Sampler, SamplingRow
 from reference_engine.scheduler import SchedulerOutput
@@ -38,6 +41,7 @@ class ModelRunner:
                 f"decode_mode must be 'auto' or one of {DECODE_MODES}, got {decode_mode!r}"
             )
         self.decode_mode = decode_mode
+        self.use_triton = use_triton  # False: torch ops everywhere, the eager prefill too (the accuracy gate's plain path)
         # one more block and slot than the scheduler owns: the scratch space of padding rows
         self.caches = ModelCaches.allocate(
             model.config,
@@ -176,6 +180,7 @@ class ModelRunner:
                 )  # the only host sync of a greedy decode step
             return self.sampler(logits, rows)
         batch = self.prepare(plan)
-        logits = self.model.forward(batch, self.caches)  # [S, V] float32
+        with forced_backend("torch") if not self.use_triton else contextlib.nullcontext():  # eager ops: Triton on CUDA unless use_triton is off
+            logits = self.model.forward(batch, self.caches)  # [S, V] float32
         self.last_logits = logits
         return self.sampler(logits, rows)

@@ -163,12 +163,12 @@ def run_gate(
         from reference_engine.model.cast import float32_twin
 
         twin_model = float32_twin(model)
-        engine = LLMEngine(twin_model, tokenizer, dataclasses.replace(config, dtype="float32"), decode_mode="eager")
-        plain = ModelRunner(model, config, num_blocks, decode_mode="eager")
+        engine = LLMEngine(twin_model, tokenizer, dataclasses.replace(config, dtype="float32"), decode_mode="eager", use_triton=False)
+        plain = ModelRunner(model, config, num_blocks, decode_mode="eager", use_triton=False)  # the torch path, prefill included
         fast = ModelRunner(model, config, num_blocks, decode_mode=fast_mode, use_triton=use_triton)
         runners = TripleRunner(engine.runner, plain, fast)
     else:
-        engine = LLMEngine(model, tokenizer, config, decode_mode="eager")
+        engine = LLMEngine(model, tokenizer, config, decode_mode="eager", use_triton=False)  # the torch path, prefill included
         fast = ModelRunner(model, config, num_blocks, decode_mode=fast_mode, use_triton=use_triton)
         runners = TwinRunner(engine.runner, fast)
     engine.runner = runners

@@ -14,6 +14,7 @@ import torch
 from reference_engine.cache.kv_write import write_kv
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
+from reference_engine.model.eager_ops import eager_op
 from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
 from reference_engine.ops import static_attention
@@ -24,7 +25,6 @@ from reference_engine.ops.attention import (
     partial_rope,
     split_q_gate,
 )
-from reference_engine.ops.norms import rms_norm
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class GatedAttention:
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
         if ops is not None and self.qkv is not None:
             return self._decode_fused(x, batch, caches, ops)
-        norm = ops.rms_norm if ops is not None else rms_norm
+        norm = ops.rms_norm if ops is not None else eager_op("rms_norm", x)
         query_gate = self.q_proj(x, ops)  # [T, Hq * 2D]
         query = torch.empty(num_tokens, heads, head_dim, dtype=x.dtype, device=x.device)  # [T, Hq, D]
         gate = torch.empty(num_tokens, heads * head_dim, dtype=x.dtype, device=x.device)  # [T, Hq * D]

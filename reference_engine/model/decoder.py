@@ -13,9 +13,9 @@ import torch
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.attention import GatedAttention
+from reference_engine.model.eager_ops import eager_op
 from reference_engine.model.gated_deltanet import GatedDeltaNet
 from reference_engine.model.moe_block import SparseMoeBlock
-from reference_engine.ops.norms import fused_add_rms_norm, rms_norm
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,8 @@ class DecoderLayer:
         Returns (this layer's MoE output, the residual stream before it); their sum is the layer's output.
         """
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
-        norm = ops.rms_norm if ops is not None else rms_norm
-        add_norm = ops.fused_add_rms_norm if ops is not None else fused_add_rms_norm
+        norm = ops.rms_norm if ops is not None else eager_op("rms_norm", x)
+        add_norm = ops.fused_add_rms_norm if ops is not None else eager_op("fused_add_rms_norm", x)
         normed = torch.empty_like(x)  # [T, H]
         if residual is None:
             residual = x

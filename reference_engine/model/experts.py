@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from reference_engine.model.eager_ops import triton_allowed
 from reference_engine.model.linear import Linear
 from reference_engine.ops import static_moe
 from reference_engine.ops.moe import routed_experts
@@ -85,7 +86,7 @@ class RoutedExperts:
             return out
         if self.is_fused_dense:
             return routed_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, out=out)
-        if self.stacked is not None and x.is_cuda:  # eager prefill on the GPU: grouped tensor-core GEMMs
+        if self.stacked is not None and x.is_cuda and triton_allowed(x):  # eager prefill on the GPU: grouped tensor-core GEMMs
             try:
                 from reference_engine.kernels.nvfp4_gemm import nvfp4_moe_prefill
             except ImportError:  # no Triton: the per-expert torch path below

@@ -5,7 +5,9 @@ gates g, beta -> delta-rule recurrence (state [Hv, Dk, Dv] float32; the op L2-no
 -> gated RMSNorm with z per head -> out_proj. States are gathered from `caches` at the batch's
 state slots (zeros on a sequence's first chunk), updated by the ops, and scattered back. The static
 (CUDA-graph) decode path, `batch.ops` set, instead calls `ops.gdn_decode_step`, which does the whole
-step between the projections with the states updated in place in the pools.
+step between the projections with the states updated in place in the pools. The eager path picks each
+op through `model.eager_ops.eager_op`: on CUDA the Triton chunked prefill and gated RMSNorm kernels
+(where Triton imports), on the CPU the torch ops.
 """
 
 from __future__ import annotations
@@ -16,16 +18,15 @@ import torch
 
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
+from reference_engine.model.eager_ops import eager_op
 from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
 from reference_engine.ops.linear_attention import (
     causal_conv1d,
     causal_conv1d_update,
-    gdn_chunked_prefill,
     gdn_gates,
     gdn_recurrent_decode,
 )
-from reference_engine.ops.norms import gated_rms_norm
 
 
 @dataclass(frozen=True)
@@ -108,10 +109,11 @@ class GatedDeltaNet:
         state_out = torch.empty_like(state_in)  # [B, Hv, Dk, Dv]
         if batch.is_decode:
             gdn_recurrent_decode(query, key, value, g, beta, state_in, out=core, state_out=state_out)
-        else:
-            gdn_chunked_prefill(query, key, value, g, beta, batch.cu_seqlens_q, state_in, out=core, final_state=state_out)
+        else:  # Triton on CUDA (two launches), the torch chunked form elsewhere
+            prefill = eager_op("gdn_chunked_prefill", query)
+            prefill(query, key, value, g, beta, batch.cu_seqlens_q, state_in, out=core, final_state=state_out)
         caches.recurrent_state[self.layer_index][batch.state_slots] = state_out
 
         normed = torch.empty_like(core)  # [T, Hv, Dv]
-        gated_rms_norm(core, z.contiguous(), self.norm_weight, out=normed, eps=self.eps)
+        eager_op("gated_rms_norm", core)(core, z.contiguous(), self.norm_weight, out=normed, eps=self.eps)
         return self.out_proj(normed.view(num_tokens, self.num_v_heads * self.v_head_dim), ops)

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
+from reference_engine.model.eager_ops import eager_op
 from reference_engine.model.experts import RoutedExperts
 from reference_engine.model.linear import Linear
-from reference_engine.ops.moe import router_topk, shared_expert
+from reference_engine.ops.moe import shared_expert
 from reference_engine.ops.static_moe import SharedNvfp4Expert
 
 
@@ -94,7 +95,7 @@ class SparseMoeBlock:
         router_logits = self.gate(x, ops)  # [T, E]
         topk_weights = torch.empty(num_tokens, self.top_k, dtype=torch.float32, device=x.device)  # [T, k]
         topk_ids = torch.empty(num_tokens, self.top_k, dtype=torch.int32, device=x.device)  # [T, k]
-        (ops.router_topk if ops is not None else router_topk)(router_logits, topk_weights=topk_weights, topk_ids=topk_ids, top_k=self.top_k)
+        (ops.router_topk if ops is not None else eager_op("router_topk", router_logits))(router_logits, topk_weights=topk_weights, topk_ids=topk_ids, top_k=self.top_k)
         routed = torch.empty_like(x)  # [T, H]
         self.experts(x, topk_weights, topk_ids, out=routed, ops=ops)
         shared = torch.empty_like(x)  # [T, H]

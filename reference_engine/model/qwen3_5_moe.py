@@ -15,8 +15,8 @@ from reference_engine.cache.tensors import ModelCaches
 from reference_engine.config import ModelConfig
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.decoder import DecoderLayer
+from reference_engine.model.eager_ops import eager_op
 from reference_engine.model.linear import Linear
-from reference_engine.ops.norms import fused_add_rms_norm
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Qwen35MoeModel:
         residual = residual[batch.logits_indices]  # [B, H]
         normed, summed = torch.empty_like(hidden), torch.empty_like(hidden)  # [B, H]
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
-        add_norm = ops.fused_add_rms_norm if ops is not None else fused_add_rms_norm
+        add_norm = ops.fused_add_rms_norm if ops is not None else eager_op("fused_add_rms_norm", hidden)
         add_norm(hidden, residual, self.norm, out=normed, residual_out=summed, eps=self.config.rms_norm_eps)
         return self.lm_head(normed, ops).float()  # [B, V]
 

@@ -72,32 +72,39 @@ def causal_conv1d(
     _require(weight.dtype == x.dtype and initial_state.dtype == x.dtype, f"x, weight, initial_state must share a dtype, got {x.dtype}, {weight.dtype}, {initial_state.dtype}")
     _check_out(out, (num_tokens, channels), x.dtype, "out")
     _check_out(final_state, tuple(initial_state.shape), x.dtype, "final_state")
-    _check_cu_seqlens(cu_seqlens, num_tokens)
 
-    device = x.device
     state_len = kernel - 1
-    starts = cu_seqlens[:-1].to(torch.int64)
-    lengths = cu_seqlens[1:].to(torch.int64) - starts  # [B]
-    # Source rows: the T inputs, then each sequence's K-1 previous inputs (oldest first).
+    offsets = _check_cu_seqlens(cu_seqlens, num_tokens)
+    # Every row index on the host, one copy to the device: source rows are the T inputs, then each sequence's
+    # K-1 previous inputs (oldest first); taps [K, T] (tap K-1 is the current input), last inputs [B, K-1].
+    taps, last = _conv_rows(offsets, kernel)
+    indices = torch.cat([taps.flatten(), last.flatten()]).to(x.device)
+    tap_rows, last_rows = indices[: kernel * num_tokens].view(kernel, num_tokens), indices[kernel * num_tokens :].view(num_seqs, state_len)
     source = torch.cat([x, initial_state.transpose(1, 2).reshape(num_seqs * state_len, channels)])  # [T + B(K-1), C]
+    w = weight.float()
+    acc = source[tap_rows[0]] * w[:, 0]  # [T, C] float32 (the product promotes, as .float() * w)
+    for tap in range(1, kernel):
+        acc += source[tap_rows[tap]] * w[:, tap]
+    out.copy_(F.silu(acc))
+    final_state.copy_(source[last_rows].transpose(1, 2))  # [B, K-1, C] -> [B, C, K-1]
+
+
+def _conv_rows(offsets: list[int], kernel: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Host int64 row indices into [x; states] for `causal_conv1d`: per tap [K, T], and each sequence's last K-1 inputs [B, K-1]."""
+    state_len = kernel - 1
+    bounds = torch.tensor(offsets, dtype=torch.int64)
+    starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]  # [B]
+    num_seqs, num_tokens = starts.shape[0], offsets[-1]
 
     def rows(seq: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
-        """Row of `source` holding relative position `rel` (negative = from the state) of sequence `seq`."""
-        inside = starts[seq] + rel
-        from_state = num_tokens + seq * state_len + state_len + rel
-        return torch.where(rel >= 0, inside, from_state)
+        """Row holding relative position `rel` (negative = from the state) of sequence `seq`."""
+        return torch.where(rel >= 0, starts[seq] + rel, num_tokens + seq * state_len + state_len + rel)
 
-    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs, device=device), lengths, output_size=num_tokens)  # [T]
-    position = torch.arange(num_tokens, device=device) - starts[seq_of_token]  # [T]
-    acc = torch.zeros(num_tokens, channels, dtype=torch.float32, device=device)
-    w = weight.float()
-    for tap in range(kernel):  # tap K-1 multiplies the current input
-        acc += source[rows(seq_of_token, position - (state_len - tap))].float() * w[:, tap]
-    seqs = torch.arange(num_seqs, device=device)[:, None]  # [B, 1]
-    last_rel = lengths[:, None] - state_len + torch.arange(state_len, device=device)[None, :]  # [B, K-1]
-    new_state = source[rows(seqs, last_rel)]  # [B, K-1, C]
-    out.copy_(F.silu(acc))
-    final_state.copy_(new_state.transpose(1, 2))
+    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs), lengths, output_size=num_tokens)  # [T]
+    position = torch.arange(num_tokens) - starts[seq_of_token]  # [T]
+    shifts = torch.arange(kernel)[:, None] - state_len  # [K, 1]: tap j reads position + j - (K-1)
+    seqs = torch.arange(num_seqs)[:, None]  # [B, 1]
+    return rows(seq_of_token[None, :], position[None, :] + shifts), rows(seqs, lengths[:, None] - state_len + torch.arange(state_len)[None, :])
 
 
 @satisfies("linear-attention/causal-conv1d-update", major=1)
@@ -145,8 +152,8 @@ def gdn_gates(
     _require(tuple(A_log.shape) == (num_v_heads,) and tuple(dt_bias.shape) == (num_v_heads,), f"A_log and dt_bias must be [Hv={num_v_heads}], got {tuple(A_log.shape)} and {tuple(dt_bias.shape)}")
     _check_out(g, tuple(a.shape), torch.float32, "g")
     _check_out(beta, tuple(a.shape), torch.float32, "beta")
-    g.copy_(-torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float()))
-    beta.copy_(torch.sigmoid(b.float()))
+    torch.mul(-torch.exp(A_log.float()), F.softplus(a.float() + dt_bias.float()), out=g)  # written in place: no copy launch
+    torch.sigmoid(b.float(), out=beta)
 
 
 # ---------------------------------------------------------------------------------------- delta rule
@@ -210,16 +217,45 @@ def gdn_recurrent_decode(
     out.copy_(result)
 
 
-def _chunk_rows(offsets: list[int], chunk_size: int, num_tokens: int, device: torch.device) -> tuple[torch.Tensor, list[int]]:
-    """Token row for each slot of each sequence's chunks (`num_tokens` = a zero padding row); chunks per sequence."""
-    rows: list[torch.Tensor] = []
-    chunk_counts = []
-    for start, end in itertools.pairwise(offsets):
-        count = -(-(end - start) // chunk_size)
-        chunk_counts.append(count)
-        slots = torch.arange(start, start + count * chunk_size, device=device)
-        rows.append(torch.where(slots < end, slots, torch.full_like(slots, num_tokens)))
-    return torch.cat(rows), chunk_counts
+@dataclass(frozen=True)
+class _ChunkPlan:
+    """The chunks of a ragged batch in step-major order, all indices on the host (int64).
+
+    Sequences are ordered by decreasing chunk count (`order`, stable), so at step s the sequences with
+    an s-th chunk are the first `active[s]` of that order and their s-th chunks are the consecutive
+    slots `first[s] .. first[s] + active[s] - 1`: the scan reads and writes contiguous slices."""
+
+    order: torch.Tensor  # [B] sequence index at each sorted position
+    identity: bool  # order is 0 .. B-1
+    first: tuple[int, ...]  # per step, the first slot
+    active: tuple[int, ...]  # per step, the number of sequences with a chunk at that step
+    rows: torch.Tensor  # [N, C] token row of each slot entry (`num_tokens` marks padding)
+    slot_of_token: torch.Tensor  # [T] slot holding each token
+    offset_of_token: torch.Tensor  # [T] its entry within the slot
+    heads: torch.Tensor  # [H] 0 .. H-1 (gathered with `rows`)
+
+
+def _chunk_plan(offsets: list[int], chunk_size: int, num_heads: int) -> _ChunkPlan:
+    lengths = [end - start for start, end in itertools.pairwise(offsets)]
+    counts = [-(-length // chunk_size) for length in lengths]
+    order = sorted(range(len(counts)), key=lambda b: -counts[b])  # stable: equal counts keep batch order
+    first, active, starts, ends = [], [], [], []
+    for step in range(max(counts, default=0)):
+        sequences = [b for b in order if counts[b] > step]  # a prefix of `order`
+        first.append(len(starts))
+        active.append(len(sequences))
+        starts.extend(offsets[b] + step * chunk_size for b in sequences)
+        ends.extend(offsets[b + 1] for b in sequences)
+    num_tokens = offsets[-1]
+    rows = torch.tensor(starts, dtype=torch.int64)[:, None] + torch.arange(chunk_size)  # [N, C]
+    real = rows < torch.tensor(ends, dtype=torch.int64)[:, None]
+    rows = torch.where(real, rows, num_tokens)
+    entry = torch.empty(num_tokens, dtype=torch.int64)
+    entry[rows[real]] = torch.arange(rows.numel()).view(rows.shape)[real]  # flat slot entry of each token
+    return _ChunkPlan(
+        torch.tensor(order, dtype=torch.int64), order == sorted(order), tuple(first), tuple(active), rows, entry // chunk_size, entry % chunk_size,
+        torch.arange(num_heads),
+    )
 
 
 @satisfies("linear-attention/gdn-chunked-prefill", major=1)
@@ -235,7 +271,11 @@ def gdn_chunked_prefill(
     final_state: torch.Tensor,  # [B, Hv, Dk, Dv] float32
     chunk_size: int = 64,
 ) -> None:
-    """The gated delta rule over a ragged batch, chunk by chunk (WY/UT form, fp32)."""
+    """The gated delta rule over a ragged batch, chunk by chunk (WY/UT form, fp32).
+
+    Every chunk's matrices are formed at once (batched over chunks and heads); the scan over the
+    chunks of each sequence then runs one step per chunk position, all sequences together, on
+    contiguous slices (see `_ChunkPlan`): a fixed number of launches per step whatever the batch."""
     tokens, _, k_dim, num_v_heads, v_dim = _check_qkv(query, key, value, g, beta)
     _require(isinstance(chunk_size, int) and chunk_size >= 1, f"chunk_size must be a positive integer, got {chunk_size!r}")
     num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens.dim() == 1 else -1
@@ -244,51 +284,58 @@ def gdn_chunked_prefill(
     _check_out(out, (tokens, num_v_heads, v_dim), value.dtype, "out")
     offsets = _check_cu_seqlens(cu_seqlens, tokens)
     device = query.device
-    states = initial_state.clone()  # [B, Hv, Dk, Dv]
     if tokens == 0:
-        final_state.copy_(states)
+        final_state.copy_(initial_state)
         return
 
-    q, k = _prepare_qk(query, key, num_v_heads)
-    rows, chunk_counts = _chunk_rows(offsets, chunk_size, tokens, device)
     size = chunk_size
+    plan = _chunk_plan(offsets, size, num_v_heads)
+    num_chunks = plan.rows.shape[0]
+    parts = (plan.rows.flatten(), plan.heads, plan.slot_of_token, plan.offset_of_token, plan.order)
+    indices = torch.cat(parts).to(device)  # the one host-to-device copy
+    rows, heads, slot_of_token, offset_of_token, order = indices.split([part.numel() for part in parts])
 
-    def chunked(tensor: torch.Tensor) -> torch.Tensor:
-        """[T, Hv, ...] -> [N, Hv, C, ...] over padded chunks (padding rows are zeros)."""
-        padded = torch.cat([tensor, tensor.new_zeros((1, *tensor.shape[1:]))])[rows]
-        padded = padded.view(-1, size, *tensor.shape[1:])
-        return padded.transpose(1, 2).contiguous()
+    # q, k (normalised, expanded to value heads), v, g, beta side by side in one float32 tensor with a zero
+    # row T for padding, gathered into chunks [N, Hv, C, W] by one index; padding has g = 0, beta = 0: no effect on the state.
+    q, k = _prepare_qk(query, key, num_v_heads)  # [T, Hv, Dk] each
+    width = 2 * k_dim + v_dim + 2
+    packed = torch.empty(tokens + 1, num_v_heads, width, dtype=torch.float32, device=device)
+    torch.cat([q, k, value, g[..., None], beta[..., None]], dim=-1, out=packed[:tokens])  # value promoted to float32
+    packed[tokens].zero_()
+    chunks = packed[rows.view(num_chunks, 1, size), heads.view(1, num_v_heads, 1)]  # [N, Hv, C, W]
+    # q and k contiguous: torch's CPU bmm rounds some small strided products differently (1 ulp), and the
+    # result should not depend on the packing
+    q_c, k_c = chunks[..., :k_dim].contiguous(), chunks[..., k_dim : 2 * k_dim].contiguous()  # [N, Hv, C, Dk]
+    v_c = chunks[..., 2 * k_dim : 2 * k_dim + v_dim]  # [N, Hv, C, Dv]
+    g_c, beta_c = chunks[..., -2], chunks[..., -1]  # [N, Hv, C]
 
-    q_c, k_c, v_c = chunked(q), chunked(k), chunked(value.float())  # [N, Hv, C, D]
-    g_c, beta_c = chunked(g), chunked(beta)  # [N, Hv, C]; padding has g = 0, beta = 0: no effect on the state
     log_decay = g_c.cumsum(dim=-1)  # [N, Hv, C]
-    causal = torch.ones(size, size, dtype=torch.bool, device=device).tril()
+    above = torch.ones(size, size, dtype=torch.bool, device=device).triu(1)  # j > i
     between = log_decay[..., :, None] - log_decay[..., None, :]  # [N, Hv, C, C], i row, j column
-    decay_ij = torch.exp(between.masked_fill(~causal, float("-inf")))  # exp(c_i - c_j) for j <= i, else 0
+    decay_ij = torch.exp(between.masked_fill(above, float("-inf")))  # exp(c_i - c_j) for j <= i, else 0
+    decay = torch.exp(log_decay)  # [N, Hv, C]
     k_beta = k_c * beta_c[..., None]
     lower = (k_beta @ k_c.transpose(-1, -2)) * decay_ij  # diagonal ignored by the unitriangular solve
     pseudo_values = torch.linalg.solve_triangular(lower, v_c * beta_c[..., None], upper=False, unitriangular=True)
-    state_keys = torch.linalg.solve_triangular(lower, k_beta * torch.exp(log_decay)[..., None], upper=False, unitriangular=True)
+    state_keys = torch.linalg.solve_triangular(lower, k_beta * decay[..., None], upper=False, unitriangular=True)
     scores = (q_c @ k_c.transpose(-1, -2)) * decay_ij  # [N, Hv, C, C]
-    q_decayed = q_c * torch.exp(log_decay)[..., None]
+    q_decayed = q_c * decay[..., None]
     k_to_end = k_c * torch.exp(log_decay[..., -1:] - log_decay)[..., None]
-    chunk_decay = torch.exp(log_decay[..., -1])[..., None, None]  # [N, Hv, 1, 1]
+    chunk_decay = decay[..., -1:, None]  # [N, Hv, 1, 1] exp(c_last)
 
-    out_c = torch.empty_like(v_c)
-    first_chunk = [sum(chunk_counts[:b]) for b in range(num_seqs)]
-    for step in range(max(chunk_counts)):
-        active = [b for b in range(num_seqs) if chunk_counts[b] > step]
-        seq_index = torch.tensor(active, device=device)
-        chunk_index = torch.tensor([first_chunk[b] + step for b in active], device=device)
-        state = states[seq_index]  # [A, Hv, Dk, Dv]
-        writes = pseudo_values[chunk_index] - state_keys[chunk_index] @ state  # [A, Hv, C, Dv]
-        out_c[chunk_index] = q_decayed[chunk_index] @ state + scores[chunk_index] @ writes
-        states[seq_index] = state * chunk_decay[chunk_index] + k_to_end[chunk_index].transpose(-1, -2) @ writes
+    states = initial_state.clone() if plan.identity else initial_state[order]  # [B, Hv, Dk, Dv] in plan order
+    out_c = torch.empty_like(chunks[..., :v_dim], memory_format=torch.contiguous_format)  # [N, Hv, C, Dv]
+    for first, active in zip(plan.first, plan.active):
+        chunk, state = slice(first, first + active), states[:active]  # this step's slots; their sequences' states
+        writes = pseudo_values[chunk] - state_keys[chunk] @ state  # [A, Hv, C, Dv]
+        torch.add(q_decayed[chunk] @ state, scores[chunk] @ writes, out=out_c[chunk])
+        torch.add(state * chunk_decay[chunk], k_to_end[chunk].transpose(-1, -2) @ writes, out=state)
 
-    flat = out_c.transpose(1, 2).reshape(-1, num_v_heads, v_dim)  # [N * C, Hv, Dv]
-    real = rows < tokens
-    out[rows[real]] = flat[real].to(out.dtype)
-    final_state.copy_(states)
+    out.copy_(out_c[slot_of_token, :, offset_of_token])  # [T, Hv, Dv]
+    if plan.identity:
+        final_state.copy_(states)
+    else:
+        final_state.index_copy_(0, order, states)
 
 
 # ------------------------------------------------------------------------------- fused decode step

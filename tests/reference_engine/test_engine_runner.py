@@ -78,3 +78,25 @@ def test_sampler_masks_banned_tokens_and_returns_logprobs():
     assert set(logprobs[2]) == {tokens[2]}
     expected = torch.log_softmax(logits[2], dim=-1)[tokens[2]].item()
     assert abs(logprobs[2][tokens[2]] - expected) < 1e-6
+
+
+def test_use_triton_false_keeps_the_eager_forward_on_torch_ops(monkeypatch):
+    """The accuracy gate's plain path (`use_triton=False`): every eager op of the forward, prefill included, is the
+    torch op, even where a Triton choice was forced around it; the default runner leaves the choice alone."""
+    from reference_engine.model import eager_ops
+
+    seen = []
+    for use_triton in (False, True):
+        runner = ModelRunner(build_preset("tiny", seed=0), EngineConfig(max_num_seqs=4, max_model_len=64, block_size=4, max_num_batched_tokens=16),
+                             num_blocks=20, decode_mode="eager", use_triton=use_triton)  # fmt: skip
+        probe = torch.zeros(1)
+
+        def recording(model, batch, caches, probe=probe):  # what the forward's ops would pick; random logits (no kernel runs)
+            seen.append((eager_ops.triton_allowed(probe), eager_ops.eager_backend("rms_norm", probe)))
+            return torch.randn(1, model.config.vocab_size)
+
+        monkeypatch.setattr(type(runner.model), "forward", recording)
+        plan = SchedulerOutput((_chunk("prefill", [5, 6, 7], 0, [1], 0, True),))
+        with eager_ops.forced_backend("triton"):
+            runner.execute(plan, [SamplingRow(0.0, 0, 1.0, seed=1)])
+    assert seen == [(False, "torch"), (True, "triton")]
