@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.ops.registry import satisfies
 from reference_engine.ops.static_attention import check_attention_decode_prep
 
 _INV_FREQ: dict[tuple[str, int, float], torch.Tensor] = {}
@@ -76,6 +77,7 @@ def _attention_prep_kernel(
         tl.store(v_cache_ptr + row + dims, value.to(v_cache_ptr.dtype.element_ty), mask=dim_ok)
 
 
+@satisfies("attention/decode-prep", major=1, devices=("cuda",), backend="triton")
 def attention_decode_prep(
     q_gate: torch.Tensor,  # [T, Hq * 2D] (rows may be strided: a view of a stacked projection)
     key: torch.Tensor,  # [T, Hkv * D]

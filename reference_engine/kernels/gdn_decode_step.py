@@ -37,6 +37,7 @@ import triton.language as tl
 
 from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
 from reference_engine.ops.linear_attention import L2_EPS, check_gdn_decode_step
+from reference_engine.ops.registry import satisfies
 
 CONV_BLOCK_C = 128  # channels per conv program: C = 8192 gives 64 programs per sequence
 CONV_WARPS = 4
@@ -116,6 +117,7 @@ def _recurrent_norm_kernel(
     tl.store(out_ptr + row * stride_ob + cols * stride_oc, y.to(out_ptr.dtype.element_ty), mask=v_ok)
 
 
+@satisfies("linear-attention/gdn-decode-step", major=1, devices=("cuda",), backend="triton")
 def gdn_decode_step(
     mixed_qkv: torch.Tensor,  # [B, C] model dtype, C = 2 * Hk * Dk + Hv * Dv, layout [q | k | v]
     z: torch.Tensor,  # [B, Hv * Dv] model dtype (any strides)

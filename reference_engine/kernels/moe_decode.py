@@ -353,6 +353,7 @@ def nvfp4_experts_with_shared(
     _launch(x, topk_weights, topk_ids, *routed, intermediate, out, nvfp4=True, shared=shared_tensors)
 
 
+@satisfies("moe/moe-block-decode", major=1, devices=("cuda",), backend="triton")
 def moe_block_decode(
     x: torch.Tensor,  # [T, H]
     router_weight: torch.Tensor,  # [E+1, H]: router rows, then shared_expert_gate's row

@@ -400,6 +400,7 @@ def check_gdn_decode_step(
     return GdnStepDims(batch, channels, kernel, num_k_heads, num_v_heads, k_head_dim, v_head_dim, num_slots)
 
 
+@satisfies("linear-attention/gdn-decode-step", major=1)
 def gdn_decode_step(
     mixed_qkv: torch.Tensor,  # [B, C] model dtype, C = 2 * Hk * Dk + Hv * Dv, layout [q | k | v]
     z: torch.Tensor,  # [B, Hv * Dv] model dtype (may be a strided view)

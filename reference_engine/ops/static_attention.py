@@ -128,6 +128,7 @@ def check_attention_decode_prep(
     return tokens, heads, head_dim
 
 
+@satisfies("attention/decode-prep", major=1)
 def attention_decode_prep(
     q_gate: torch.Tensor,  # [T, Hq * 2D]: per head [query D | gate D]
     key: torch.Tensor,  # [T, Hkv * D]

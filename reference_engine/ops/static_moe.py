@@ -381,6 +381,7 @@ def check_moe_block_decode(
     return num_experts, intermediate
 
 
+@satisfies("moe/moe-block-decode", major=1)
 def moe_block_decode(
     x: torch.Tensor,  # [T, H]
     router_weight: torch.Tensor,  # [E+1, H]: router rows, then shared_expert_gate's row
