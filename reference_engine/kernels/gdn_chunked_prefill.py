@@ -26,12 +26,15 @@ and the final state slice. Each program of launch 2 reads its slice of `initial_
 writes the same slice of `final_state`, so the two may be one tensor.
 
 The chunk table (start and length of every chunk slot, first slot and count per sequence) is built on
-the device from `cu_seqlens` with a fixed number of slots, T // C + B (each sequence adds at most one
-partial chunk); unused slots have length 0 and are skipped. The result does not depend on the chunk
+the host from the offsets the input check reads anyway (one copy to the device, no launches), with a fixed
+number of slots, T // C + B (each sequence adds at most one partial chunk); unused slots have length 0
+and are skipped. The result does not depend on the chunk
 size; sizes above MAX_CHUNK are run at MAX_CHUNK (the register tile of launch 1 is C x C).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import triton
@@ -214,25 +217,23 @@ def _gdn_chunk_scan_kernel(
     tl.store(final_state_ptr + hi_offsets, s_hi, mask=hi_mask)
 
 
-def _chunk_table(cu_seqlens: torch.Tensor, num_tokens: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Chunk slots of a ragged batch, on the device with sizes fixed by the shapes.
-
-    Returns chunk_start [N], chunk_len [N] (0 for unused slots), seq_first [B], seq_count [B], all
-    int32, with N = T // C + B: sequence b owns slots seq_first[b] .. seq_first[b] + seq_count[b] - 1,
-    slot j of it covering tokens cu[b] + j*C .. min(cu[b] + (j+1)*C, cu[b+1]) - 1."""
-    num_seqs = cu_seqlens.shape[0] - 1
+def _chunk_table_from_offsets(offsets: list[int], num_tokens: int, chunk: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Chunk slots of a ragged batch, built on the host from the offsets the input check already read (one
+    copy to the device, no launches). Returns chunk_start [N], chunk_len [N] (0 for unused slots),
+    seq_first [B], seq_count [B], all int32, with N = T // C + B: sequence b owns slots seq_first[b] ..
+    seq_first[b] + seq_count[b] - 1, slot j of it covering tokens cu[b] + j*C .. min(cu[b] + (j+1)*C, cu[b+1]) - 1."""
+    num_seqs = len(offsets) - 1
     num_slots = num_tokens // chunk + num_seqs
-    cu = cu_seqlens.to(torch.int64)
-    counts = (cu[1:] - cu[:-1] + chunk - 1) // chunk  # [B]
-    ends = torch.cumsum(counts, dim=0)  # [B]
-    first = ends - counts
-    slots = torch.arange(num_slots, device=cu.device)
-    owner = torch.searchsorted(ends, slots, right=True).clamp(max=num_seqs - 1)  # [N]
-    used = slots < ends[-1]
-    start = cu[owner] + (slots - first[owner]) * chunk
-    length = torch.where(used, (cu[owner + 1] - start).clamp(0, chunk), 0)
-    start = torch.where(used, start, 0)
-    return tuple(t.to(torch.int32).contiguous() for t in (start, length, first, counts))
+    start, length, first, counts = [0] * num_slots, [0] * num_slots, [], []
+    slot = 0
+    for begin, end in itertools.pairwise(offsets):
+        first.append(slot)
+        counts.append(-(-(end - begin) // chunk))
+        for chunk_start in range(begin, end, chunk):
+            start[slot], length[slot] = chunk_start, min(chunk, end - chunk_start)
+            slot += 1
+    table = torch.tensor(start + length + first + counts, dtype=torch.int32).to(device, non_blocking=True)
+    return table[:num_slots], table[num_slots : 2 * num_slots], table[2 * num_slots : 2 * num_slots + num_seqs], table[2 * num_slots + num_seqs :]
 
 
 @satisfies("linear-attention/gdn-chunked-prefill", major=1, devices=("cuda",), backend="triton")
@@ -258,7 +259,7 @@ def gdn_chunked_prefill(
     _check_out(initial_state, (num_seqs, num_v_heads, k_dim, v_dim), torch.float32, "initial_state")
     _check_out(final_state, (num_seqs, num_v_heads, k_dim, v_dim), torch.float32, "final_state")
     _check_out(out, (tokens, num_v_heads, v_dim), value.dtype, "out")
-    _check_cu_seqlens(cu_seqlens, tokens)
+    offsets = _check_cu_seqlens(cu_seqlens, tokens)
     require_launchable(query, key, value, g, beta, cu_seqlens, initial_state, out, final_state)
     if tokens == 0:
         final_state.copy_(initial_state)
@@ -270,7 +271,7 @@ def gdn_chunked_prefill(
     block_dv = max(MIN_DOT, triton.next_power_of_2(v_dim))
     block_v = min(BLOCK_V_MAX, block_dv)
     precision = "ieee" if interpreting() else DOT_PRECISION
-    chunk_start, chunk_len, seq_first, seq_count = _chunk_table(cu_seqlens, tokens, chunk)
+    chunk_start, chunk_len, seq_first, seq_count = _chunk_table_from_offsets(offsets, tokens, chunk, query.device)
     num_slots = chunk_start.shape[0]
     device = query.device
     w, u, p, f = (  # W [N, Hv, C, Dk], U [N, Hv, C, Dv], P [N, Hv, C, C], F [N, Hv, 3, C], float32 (padded sizes)

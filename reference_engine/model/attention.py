@@ -14,7 +14,7 @@ import torch
 from reference_engine.cache.kv_write import write_kv
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
-from reference_engine.model.eager_ops import eager_op
+from reference_engine.model.eager_ops import eager_op, triton_allowed
 from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
 from reference_engine.ops import static_attention
@@ -22,6 +22,7 @@ from reference_engine.ops.attention import (
     output_gate,
     paged_decode,
     paged_prefill,
+    paged_prefill_sdpa,
     partial_rope,
     split_q_gate,
 )
@@ -91,9 +92,8 @@ class GatedAttention:
         elif batch.is_decode:
             paged_decode(rotated_query, k_cache, v_cache, batch.block_tables, batch.seq_lens, out=attended, scale=scale)
         else:
-            paged_prefill(
-                rotated_query, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q, batch.seq_lens, out=attended, scale=scale
-            )
+            prefill = paged_prefill_sdpa if x.is_cuda and triton_allowed(x) else paged_prefill  # fused attention on the GPU
+            prefill(rotated_query, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q, batch.seq_lens, out=attended, scale=scale)
         gated = torch.empty(num_tokens, heads * head_dim, dtype=x.dtype, device=x.device)  # [T, Hq * D]
         output_gate(attended.view(num_tokens, heads * head_dim), gate, out=gated)
         return self.o_proj(gated, ops)

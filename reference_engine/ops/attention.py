@@ -189,6 +189,42 @@ def paged_prefill(
     return out
 
 
+@satisfies("attention/paged-prefill", major=1)
+def paged_prefill_sdpa(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """`paged_prefill` through torch's fused attention (`scaled_dot_product_attention`, grouped heads): on CUDA
+    in bf16 a flash / memory-efficient kernel per sequence instead of float32 score matrices (the eager
+    prefill's choice on the GPU). A sequence whose queries are all its tokens runs causal; one that continues
+    a cached prefix gets the offset causal mask."""
+    bounds = _check_cu_seqlens(cu_seqlens_q, query.shape[0], "cu_seqlens_q")
+    lengths = _check_paged(query, k_cache, v_cache, block_tables, seq_lens, len(bounds) - 1)
+    _check_like("out", out, tuple(query.shape), query.dtype, query.device)
+    _require(scale > 0, f"scale must be positive, got {scale}")
+    block_size = k_cache.shape[1]
+    for index, (start, end, length) in enumerate(zip(bounds, bounds[1:], lengths)):
+        q_len = end - start
+        _require(q_len <= length, f"sequence {index} has {q_len} queries but only {length} cached tokens")
+        if q_len == 0:
+            continue
+        blocks = block_tables[index, : -(-length // block_size)].long()
+        key, value = _gather(k_cache, blocks, length), _gather(v_cache, blocks, length)  # [L, Hkv, D]
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query[start:end], key, value))  # [1, H, len, D]
+        mask = None
+        if q_len != length:  # query i sits at position length - q_len + i and sees keys 0 .. that position
+            mask = torch.arange(length, device=query.device)[None, :] <= torch.arange(length - q_len, length, device=query.device)[:, None]
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True)
+        out[start:end].copy_(attended[0].transpose(0, 1))
+    return out
+
+
 @satisfies("attention/paged-decode", major=1)
 def paged_decode(
     query: torch.Tensor,

@@ -326,3 +326,45 @@ def test_flash_style_attention_passes():
     for case in loaded.cpu_cases():
         outcome = driver.run_case(loaded, gqa_flash_style_bf16, case)
         assert outcome.status == "PASSED", (case.name, outcome)
+
+
+PREFILL = driver.load("attention/paged-prefill")
+
+
+@pytest.mark.parametrize("case_name", [case.name for case in PREFILL.cpu_cases()])
+def test_fused_attention_prefill_passes(case_name):
+    """`paged_prefill_sdpa` (torch's fused attention; the eager prefill's choice on the GPU) against the contract."""
+    outcome = driver.run_case(PREFILL, attention.paged_prefill_sdpa, PREFILL.case(case_name))
+    assert outcome.status == "PASSED", outcome.message
+
+
+@pytest.mark.parametrize("error_name", [error.name for error in PREFILL.contract.errors])
+def test_fused_attention_prefill_rejects_bad_inputs(error_name):
+    outcome = driver.run_error_case(PREFILL, attention.paged_prefill_sdpa, next(e for e in PREFILL.contract.errors if e.name == error_name))
+    assert outcome.status == "PASSED", outcome.message
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case_name", [case.name for case in PREFILL.contract.cases if case.device == "cuda"])
+def test_fused_attention_prefill_real_shapes_on_cuda(case_name):
+    outcome = driver.run_case(PREFILL, attention.paged_prefill_sdpa, PREFILL.case(case_name), device="cuda")
+    assert outcome.status == "PASSED", outcome.message
+
+
+def fused_prefill_top_left_causal(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale):
+    """Known wrong: the causal mask aligned to the first key (SDPA's is_causal) for continued sequences too."""
+    bounds, lengths, block_size = cu_seqlens_q.tolist(), seq_lens.tolist(), k_cache.shape[1]
+    for index, (start, end, length) in enumerate(zip(bounds, bounds[1:], lengths)):
+        if end == start:
+            continue
+        blocks = block_tables[index, : -(-length // block_size)].long()
+        key, value = (cache[blocks].flatten(0, 1)[:length] for cache in (k_cache, v_cache))
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query[start:end], key, value))
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        out[start:end].copy_(attended[0].transpose(0, 1))
+    return out
+
+
+def test_top_left_causal_mask_is_caught():
+    statuses = {case.name: driver.run_case(PREFILL, fused_prefill_top_left_causal, case).status for case in PREFILL.cpu_cases()}
+    assert "INCORRECT_NUMERICAL" in statuses.values(), statuses  # a case continues a cached prefix

@@ -8,6 +8,7 @@ two known-wrong variants of the kernel (its source with one deliberate mistake) 
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -200,3 +201,22 @@ def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths):
 
     assert rel(final, expected_state) < 1e-4, rel(final, expected_state)
     assert rel(out.float(), expected_out.float()) < 5e-3, rel(out.float(), expected_out.float())
+
+
+@pytest.mark.parametrize(("lengths", "chunk"), [([5], 4), ([0, 7, 1, 8], 4), ([64, 65, 0, 3], 64), ([1, 1, 1], 1)])
+def test_chunk_table_covers_every_token_once_in_order(lengths, chunk):
+    """The host-built chunk table: per sequence its slots in order, each a chunk of at most `chunk` tokens that
+    stays inside the sequence, together covering the sequence exactly; unused slots have length 0."""
+    from reference_engine.kernels.gdn_chunked_prefill import _chunk_table_from_offsets
+
+    offsets = [0, *itertools.accumulate(lengths)]
+    start, length, first, count = (t.tolist() for t in _chunk_table_from_offsets(offsets, offsets[-1], chunk, torch.device("cpu")))
+    assert len(start) == len(length) == offsets[-1] // chunk + len(lengths) and len(first) == len(count) == len(lengths)
+    used = set()
+    for b, (begin, end) in enumerate(itertools.pairwise(offsets)):
+        slots = range(first[b], first[b] + count[b])
+        assert count[b] == -(-(end - begin) // chunk)
+        covered = [t for s in slots for t in range(start[s], start[s] + length[s])]
+        assert covered == list(range(begin, end)) and all(1 <= length[s] <= chunk for s in slots)
+        used.update(slots)
+    assert all(length[s] == 0 for s in range(len(start)) if s not in used)
