@@ -16,6 +16,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from reference_engine.kernels import (
+    causal_conv1d,
     gdn_decode,
     moe_decode,
     norms,
@@ -50,6 +51,11 @@ def configs():
     for dtype, ieee in (("*bf16", False), ("*fp32", True)):
         yield f"paged split {dtype}", paged_decode._paged_split_kernel, {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "tables_ptr": "*i32", "lens_ptr": "*i32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "scale": "fp32", "MAX_BLOCKS": I32, "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BS": 16, "TOKENS_PER_SPLIT": 64, "BLOCK_T": 16, "BLOCK_G": 16, "BLOCK_D": 256, "IEEE": ieee}
     yield "paged combine", paged_decode._combine_kernel, {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "out_ptr": "*bf16", "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BLOCK_S": 64, "BLOCK_G": 16, "BLOCK_D": 256}
+    conv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "cu_ptr": "*i32", "state_ptr": "*bf16", "out_ptr": "*bf16", "T": I32, "C": I32, "num_seqs": I32, "stride_xt": I32, "stride_ot": I32, "stride_sb": I32, "stride_sc": I32, "stride_sk": I32}
+    for steps in (0, 1, 2, 6):  # B = 1 (no search), 2, 3 or 4, up to 64
+        yield f"causal conv1d steps={steps}", causal_conv1d._conv_kernel, conv_sig, {"K": 4, "STEPS": steps, "BLOCK_T": causal_conv1d.BLOCK_T, "BLOCK_C": causal_conv1d.BLOCK_C, "LIBDEVICE_EXP": True}
+    state_sig = {"x_ptr": "*bf16", "cu_ptr": "*i32", "state_ptr": "*bf16", "final_ptr": "*bf16", "C": I32, "stride_xt": I32, "stride_sb": I32, "stride_sc": I32, "stride_sk": I32, "stride_fb": I32, "stride_fc": I32, "stride_fk": I32}
+    yield "causal conv1d final state", causal_conv1d._final_state_kernel, state_sig, {"K": 4, "BLOCK_K": 4, "BLOCK_C": causal_conv1d.BLOCK_C}
     for mode in (norms.PLAIN, norms.FUSED_ADD, norms.GATED):
         yield f"norm mode {mode}", norms._rms_norm_kernel, {"x_ptr": "*bf16", "residual_ptr": "*bf16", "z_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "residual_out_ptr": "*bf16", "D": I32, "eps": "fp32"}, {"MODE": mode, "BF16": True, "BLOCK_D": 2048}
 

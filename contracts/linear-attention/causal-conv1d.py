@@ -41,6 +41,9 @@ def reference(x, weight, cu_seqlens, initial_state):
     final_state = torch.empty(initial_state.shape, dtype=initial_state.dtype)
     offsets = cu_seqlens.tolist()
     for seq, (start, end) in enumerate(itertools.pairwise(offsets)):
+        if end == start:  # an empty sequence keeps its state
+            final_state[seq] = initial_state[seq]
+            continue
         history = torch.cat([initial_state[seq].double(), x[start:end].double().T], dim=1)  # [C, K-1+L]
         windows = history.unfold(1, kernel, 1)  # [C, L, K]: window p covers inputs p-(K-1) .. p
         pre = (windows * w[:, None, :]).sum(dim=2)  # [C, L]

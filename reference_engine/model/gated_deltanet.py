@@ -6,8 +6,8 @@ gates g, beta -> delta-rule recurrence (state [Hv, Dk, Dv] float32; the op L2-no
 state slots (zeros on a sequence's first chunk), updated by the ops, and scattered back. The static
 (CUDA-graph) decode path, `batch.ops` set, instead calls `ops.gdn_decode_step`, which does the whole
 step between the projections with the states updated in place in the pools. The eager path picks each
-op through `model.eager_ops.eager_op`: on CUDA the Triton chunked prefill and gated RMSNorm kernels
-(where Triton imports), on the CPU the torch ops.
+op through `model.eager_ops.eager_op`: on CUDA the Triton causal conv1d, chunked prefill and gated RMSNorm
+kernels (where Triton imports), on the CPU the torch ops.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from reference_engine.model.eager_ops import eager_op
 from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
 from reference_engine.ops.linear_attention import (
-    causal_conv1d,
     causal_conv1d_update,
     gdn_gates,
     gdn_recurrent_decode,
@@ -95,7 +94,7 @@ class GatedDeltaNet:
         if batch.is_decode:
             causal_conv1d_update(mixed, self.conv_weight, conv_in, out=conv_out, conv_state_out=conv_state_out)
         else:
-            causal_conv1d(mixed, self.conv_weight, batch.cu_seqlens_q, conv_in, out=conv_out, final_state=conv_state_out)
+            eager_op("causal_conv1d", mixed)(mixed, self.conv_weight, batch.cu_seqlens_q, conv_in, out=conv_out, final_state=conv_state_out)
         caches.conv_state[self.layer_index][batch.state_slots] = conv_state_out
 
         query = conv_out[:, :key_dim].reshape(num_tokens, self.num_k_heads, self.k_head_dim)  # [T, Hk, Dk]

@@ -195,7 +195,7 @@ def test_forcing_triton_runs_the_kernels_in_the_layer(layer_run):
 def test_float32_layer_matches_the_torch_ops(layer_run):
     errors = layer_run["float32"]
     assert errors["nan"] == 0, errors
-    assert errors["conv"] == 0.0, errors  # the conv runs the same torch op both ways
+    assert errors["conv"] == 0.0, errors  # the conv state is a copy of inputs: exact on either backend
     assert errors["out"] < F32_BOUND and errors["recurrent"] < F32_BOUND, errors
 
 
@@ -203,7 +203,7 @@ def test_bfloat16_layer_matches_the_torch_ops(layer_run):
     errors = layer_run["bfloat16"]
     assert errors["nan"] == 0, errors
     assert errors["out"] < BF16_OUT_BOUND, errors
-    assert errors["recurrent"] < 10 * F32_BOUND, errors  # the state stays float32
+    assert errors["recurrent"] < 1e-3, errors  # float32 state; the Triton conv may round a rare bf16 element one ulp off torch's (measured 2.2e-4)
 
 
 @pytest.mark.parametrize("wrong", ["drops_decay", "moves_a_boundary"])

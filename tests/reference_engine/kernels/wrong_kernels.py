@@ -134,3 +134,27 @@ def fused_add_norms_x_not_the_sum(x, residual, weight, out, residual_out, eps=1e
     norms.fused_add_rms_norm(x, torch.zeros_like(residual), weight, out, torch.empty_like(residual_out), eps)
     residual_out.copy_(x.float() + residual.float())
     return out
+
+
+def conv_taps_reversed(x, weight, cu_seqlens, initial_state, out, final_state):
+    """Multiplies the current input by weight[:, 0] (the taps in the other order, a flipped kernel)."""
+    from reference_engine.kernels import causal_conv1d
+
+    causal_conv1d.causal_conv1d(x, weight.flip(1).contiguous(), cu_seqlens, initial_state, out, final_state)
+
+
+def conv_initial_state_ignored(x, weight, cu_seqlens, initial_state, out, final_state):
+    """Convolves with zero left padding (a plain causal conv) instead of the initial state; final state right."""
+    from reference_engine.kernels import causal_conv1d
+
+    causal_conv1d.causal_conv1d(x, weight, cu_seqlens, initial_state, torch.empty_like(out), final_state)
+    causal_conv1d.causal_conv1d(x, weight, cu_seqlens, torch.zeros_like(initial_state), out, torch.empty_like(final_state))
+
+
+def conv_final_state_from_outputs(x, weight, cu_seqlens, initial_state, out, final_state):
+    """Keeps the last K-1 outputs (after the conv and SiLU) as the state instead of the last K-1 inputs."""
+    from reference_engine.kernels import causal_conv1d
+
+    state = initial_state.clone()
+    causal_conv1d.causal_conv1d(x, weight, cu_seqlens, initial_state, out, final_state)
+    causal_conv1d.causal_conv1d(out.clone(), weight, cu_seqlens, state, torch.empty_like(out), final_state)

@@ -1,0 +1,180 @@
+"""Depthwise causal conv1d + SiLU over a ragged batch (contract linear-attention/causal-conv1d), Triton, two launches.
+
+The same computation as the torch op `reference_engine.ops.linear_attention.causal_conv1d`. For token t
+at position p of sequence b (cu_seqlens[b] <= t < cu_seqlens[b + 1], p = t - cu_seqlens[b]) and channel c:
+
+    out[t, c] = silu(sum_j weight[c, j] * u[p - (K-1) + j, c])     j = 0 .. K-1 (tap K-1: the current input)
+
+where u is the sequence's input preceded by initial_state[b, c, 0..K-2] (oldest first): a tap at a
+negative position p - (K-1) + j reads initial_state[b, c, p + j]. The products and the sum run in
+float32 in tap order 0 .. K-1 (as the torch op: product of the input and the float32 weight, then
+accumulated), SiLU in float32, rounded once into `out`.
+
+Launch 1, grid (cdiv(T, BLOCK_T), cdiv(C, BLOCK_C)): each program takes a [BLOCK_T, BLOCK_C] tile of
+tokens and channels. It finds the sequence of each of its tokens on the device by a binary search over
+cu_seqlens (ceil(log2 B) steps, vectorised over the tile's tokens), then loads the K shifted input
+tiles (rows before the sequence start come from its initial state) and writes out.
+
+Launch 2, grid (B, cdiv(C, BLOCK_C)): final_state[b] = the last K-1 entries of [initial_state[b], x of
+sequence b] (a sequence shorter than K-1 keeps the tail of its initial state; an empty one returns it
+whole). It runs after launch 1 (same stream), and each program loads its whole slice of
+`initial_state` before it stores the same slice of `final_state`, so the two may be one tensor.
+
+Validation is the torch op's (one host read of `cu_seqlens`, as there); nothing else goes to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import libdevice
+
+from reference_engine.kernels.launch import (
+    finish,
+    interpreting,
+    require_launchable,
+    staging_buffer,
+)
+from reference_engine.ops.linear_attention import (
+    _check_cu_seqlens,
+    _check_out,
+    _require,
+)
+from reference_engine.ops.registry import satisfies
+
+BLOCK_T = 32  # tokens per program of launch 1
+BLOCK_C = 128  # channels per program (C = 8192: 64 channel blocks)
+NUM_WARPS = 4
+
+
+@triton.jit
+def _sequence_of(cu_ptr, tokens, num_seqs, STEPS: tl.constexpr):
+    """Per token: the b in [0, B) with cu[b] <= t < cu[b + 1] (the last b with cu[b] <= t, so empty
+    sequences are skipped). Binary search, lo always satisfies cu[lo] <= t; STEPS = ceil(log2 B)."""
+    lo = tl.zeros_like(tokens)
+    hi = tl.zeros_like(tokens) + num_seqs
+    for _ in tl.static_range(STEPS):
+        mid = (lo + hi) // 2  # = lo once hi = lo + 1: the search stays put
+        below = tl.load(cu_ptr + mid) <= tokens
+        lo = tl.where(below, mid, lo)
+        hi = tl.where(below, hi, mid)
+    return lo
+
+
+@triton.jit
+def _conv_kernel(
+    x_ptr, w_ptr, cu_ptr, state_ptr, out_ptr,
+    T, C, num_seqs, stride_xt, stride_ot, stride_sb, stride_sc, stride_sk,
+    K: tl.constexpr, STEPS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, LIBDEVICE_EXP: tl.constexpr,
+):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BT]
+    chans = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BC]
+    token_ok = tokens < T
+    chan_ok = chans < C
+    safe_tokens = tl.where(token_ok, tokens, 0)
+    seq = _sequence_of(cu_ptr, safe_tokens, num_seqs, STEPS)  # [BT]
+    position = safe_tokens - tl.load(cu_ptr + seq)  # [BT] position in the sequence
+    seq64 = seq.to(tl.int64)
+    acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)  # 0 + the first product: that product exactly
+    for j in tl.static_range(K):
+        rel = position + (j - (K - 1))  # [BT] position this tap reads; < 0: from the initial state
+        from_x = (rel >= 0) & token_ok
+        from_state = (rel < 0) & token_ok
+        x_rows = (safe_tokens + (j - (K - 1))).to(tl.int64)
+        x_tap = tl.load(x_ptr + x_rows[:, None] * stride_xt + chans[None, :], mask=from_x[:, None] & chan_ok[None, :], other=0.0)
+        # clamped rather than tl.where(from_state, ...): with the search loop, that select fails Triton's sm_90 layout pass
+        slot = tl.minimum(tl.maximum(rel + (K - 1), 0), K - 2).to(tl.int64)  # [BT] index into the K-1 state entries (clamped; used where rel < 0)
+        s_tap = tl.load(
+            state_ptr + (seq64 * stride_sb + slot * stride_sk)[:, None] + chans[None, :].to(tl.int64) * stride_sc,
+            mask=from_state[:, None] & chan_ok[None, :], other=0.0,
+        )
+        u = tl.where(from_x[:, None], x_tap.to(tl.float32), s_tap.to(tl.float32))  # [BT, BC]
+        w = tl.load(w_ptr + chans * K + j, mask=chan_ok, other=0.0).to(tl.float32)  # [BC]
+        acc += u * w[None, :]
+    # SiLU in float32 as torch computes it, x / (1 + exp(-x)): on the GPU with CUDA's expf (libdevice) and an
+    # IEEE division (Triton's `/` and tl.exp are approximate there); the interpreter has no libdevice.
+    if LIBDEVICE_EXP:
+        e = libdevice.exp(-acc)
+    else:
+        e = tl.exp(-acc)
+    y = tl.math.div_rn(acc, 1.0 + e)
+    out_rows = tokens.to(tl.int64)
+    tl.store(out_ptr + out_rows[:, None] * stride_ot + chans[None, :], y.to(out_ptr.dtype.element_ty), mask=token_ok[:, None] & chan_ok[None, :])
+
+
+@triton.jit
+def _final_state_kernel(
+    x_ptr, cu_ptr, state_ptr, final_ptr,
+    C, stride_xt, stride_sb, stride_sc, stride_sk, stride_fb, stride_fc, stride_fk,
+    K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    chans = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BC]
+    entries = tl.arange(0, BLOCK_K)  # [BK] final-state entries i = 0 .. K-2 (oldest first)
+    chan_ok = chans < C
+    entry_ok = entries < K - 1
+    start = tl.load(cu_ptr + seq)
+    length = tl.load(cu_ptr + seq + 1) - start
+    # Entry i is element length + i of [initial_state (K-1), x of the sequence]: an input when >= K-1.
+    history = length + entries  # [BK]
+    from_x = (history >= K - 1) & entry_ok
+    from_state = (history < K - 1) & entry_ok
+    x_rows = (start + tl.where(from_x, history - (K - 1), 0)).to(tl.int64)
+    chans64 = chans.to(tl.int64)
+    x_part = tl.load(x_ptr + x_rows[None, :] * stride_xt + chans64[:, None], mask=chan_ok[:, None] & from_x[None, :], other=0.0)
+    slot = tl.where(from_state, history, 0).to(tl.int64)
+    s_part = tl.load(state_ptr + seq * stride_sb + chans64[:, None] * stride_sc + slot[None, :] * stride_sk, mask=chan_ok[:, None] & from_state[None, :], other=0.0)
+    values = tl.where(from_x[None, :], x_part, s_part)  # [BC, BK] in x's dtype: a copy, no rounding
+    tl.store(final_ptr + seq * stride_fb + chans64[:, None] * stride_fc + entries[None, :].to(tl.int64) * stride_fk, values, mask=chan_ok[:, None] & entry_ok[None, :])
+
+
+@satisfies("linear-attention/causal-conv1d", major=1, devices=("cuda",), backend="triton")
+def causal_conv1d(
+    x: torch.Tensor,  # [T, C]
+    weight: torch.Tensor,  # [C, K]
+    cu_seqlens: torch.Tensor,  # [B + 1] int32
+    initial_state: torch.Tensor,  # [B, C, K - 1]
+    out: torch.Tensor,  # [T, C]
+    final_state: torch.Tensor,  # [B, C, K - 1] (may be `initial_state`)
+) -> None:
+    """Depthwise causal conv over each sequence (previous inputs from `initial_state`), then SiLU; two Triton launches."""
+    _require(x.dim() == 2, f"x must be [T, C], got shape {tuple(x.shape)}")
+    num_tokens, channels = x.shape
+    _require(weight.dim() == 2 and weight.shape[0] == channels, f"weight must be [C={channels}, K], got {tuple(weight.shape)}")
+    kernel = weight.shape[1]
+    _require(kernel >= 2, f"kernel size must be at least 2, got {kernel}")
+    num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens.dim() == 1 else -1
+    _require(
+        tuple(initial_state.shape) == (num_seqs, channels, kernel - 1),
+        f"initial_state must be [B={num_seqs}, C={channels}, K-1={kernel - 1}], got {tuple(initial_state.shape)}",
+    )
+    _require(weight.dtype == x.dtype and initial_state.dtype == x.dtype, f"x, weight, initial_state must share a dtype, got {x.dtype}, {weight.dtype}, {initial_state.dtype}")
+    _check_out(out, (num_tokens, channels), x.dtype, "out")
+    _check_out(final_state, tuple(initial_state.shape), x.dtype, "final_state")
+    _check_cu_seqlens(cu_seqlens, num_tokens)
+    require_launchable(x, weight, cu_seqlens, initial_state, out, final_state)
+    if channels == 0:
+        return
+
+    x_in = x if x.stride(1) == 1 else x.contiguous()
+    w_in = weight.contiguous()
+    cu = cu_seqlens.contiguous()
+    block_c = min(BLOCK_C, triton.next_power_of_2(channels))
+    if num_tokens > 0:
+        buffer = staging_buffer(out)
+        result = buffer if buffer.stride(1) == 1 else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
+        block_t = min(BLOCK_T, triton.next_power_of_2(num_tokens))
+        _conv_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(channels, block_c))](
+            x_in, w_in, cu, initial_state, result,
+            num_tokens, channels, num_seqs, x_in.stride(0), result.stride(0), *initial_state.stride(),
+            K=kernel, STEPS=(num_seqs - 1).bit_length(), BLOCK_T=block_t, BLOCK_C=block_c, LIBDEVICE_EXP=not interpreting(), num_warps=NUM_WARPS,
+        )  # fmt: skip
+        if result is not buffer:
+            buffer.copy_(result)
+        finish(buffer, out)
+    _final_state_kernel[(num_seqs, triton.cdiv(channels, block_c))](
+        x_in, cu, initial_state, final_state,
+        channels, x_in.stride(0), *initial_state.stride(), *final_state.stride(),
+        K=kernel, BLOCK_K=triton.next_power_of_2(kernel - 1), BLOCK_C=block_c, num_warps=NUM_WARPS,
+    )  # fmt: skip
