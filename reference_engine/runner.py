@@ -23,6 +23,7 @@ from reference_engine.cuda_graphs import DECODE_MODES, ScratchSpace, StaticDecod
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.eager_ops import forced_backend
 from reference_engine.ops.backend import select_ops
+from reference_engine.ops.host_values import one_forward
 from reference_engine.sampler import Sampler, SamplingRow
 from reference_engine.scheduler import SchedulerOutput
 
@@ -180,7 +181,7 @@ class ModelRunner:
                 )  # the only host sync of a greedy decode step
             return self.sampler(logits, rows)
         batch = self.prepare(plan)
-        with forced_backend("torch") if not self.use_triton else contextlib.nullcontext():  # eager ops: Triton on CUDA unless use_triton is off
-            logits = self.model.forward(batch, self.caches)  # [S, V] float32
+        with forced_backend("torch") if not self.use_triton else contextlib.nullcontext(), one_forward():  # Triton on CUDA unless use_triton
+            logits = self.model.forward(batch, self.caches)  # [S, V] float32; batch metadata read to the host once (ops/host_values.py)
         self.last_logits = logits
         return self.sampler(logits, rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from reference_engine.ops.host_values import host_list
 from reference_engine.ops.registry import satisfies
 
 
@@ -33,11 +34,11 @@ def write_kv(
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     flat_k = k_cache.view(-1, num_kv_heads, head_dim)  # [num_blocks * block_size, Hkv, D]
     flat_v = v_cache.view(-1, num_kv_heads, head_dim)
-    valid = slot_mapping >= 0  # [T]
-    if bool(valid.all()):
+    if min(host_list(slot_mapping), default=0) >= 0:  # every token has a slot (read once per forward: ops/host_values.py)
         flat_k.index_copy_(0, slot_mapping, key)
         flat_v.index_copy_(0, slot_mapping, value)
     else:
+        valid = slot_mapping >= 0  # [T]
         slots = slot_mapping[valid]  # [T_valid]
         flat_k.index_copy_(0, slots, key[valid])
         flat_v.index_copy_(0, slots, value[valid])

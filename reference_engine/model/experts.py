@@ -92,7 +92,7 @@ class RoutedExperts:
             except ImportError:  # no Triton: the per-expert torch path below
                 nvfp4_moe_prefill = None
             if nvfp4_moe_prefill is not None:
-                return nvfp4_moe_prefill(x, topk_weights, topk_ids, self.stacked, out=out)
+                return nvfp4_moe_prefill(x, topk_weights, topk_ids, self.stacked, out=out, check_ids=False)  # ids from the router: in range
         touched = torch.unique(topk_ids.long())  # [E'] sorted
         remap = torch.full((self.num_experts,), -1, dtype=torch.int32, device=x.device)  # [E]
         remap[touched] = torch.arange(touched.numel(), dtype=torch.int32, device=x.device)

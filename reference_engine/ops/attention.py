@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from reference_engine.ops.host_values import host_list
 from reference_engine.ops.registry import satisfies
 
 
@@ -101,7 +102,7 @@ def _check_heads(query: torch.Tensor, key_like: torch.Tensor, name: str) -> None
 def _check_cu_seqlens(cu_seqlens: torch.Tensor, total: int, name: str) -> list[int]:
     _require(cu_seqlens.dim() == 1 and cu_seqlens.shape[0] >= 2, f"{name} must be [num_seqs + 1] with num_seqs >= 1, got shape {tuple(cu_seqlens.shape)}")
     _require(cu_seqlens.dtype in (torch.int32, torch.int64), f"{name} must be int32, got {cu_seqlens.dtype}")
-    bounds = cu_seqlens.tolist()
+    bounds = host_list(cu_seqlens)
     _require(bounds[0] == 0, f"{name} must start at 0, got {bounds[0]}")
     _require(all(b <= a for b, a in zip(bounds, bounds[1:])), f"{name} must be non-decreasing, got {bounds}")
     _require(bounds[-1] == total, f"{name} ends at {bounds[-1]} but there are {total} tokens")
@@ -146,11 +147,11 @@ def _check_paged(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _require(block_tables.dtype in (torch.int32, torch.int64), f"block_tables must be int32, got {block_tables.dtype}")
     _require(seq_lens.dim() == 1 and seq_lens.shape[0] == num_seqs, f"seq_lens must be [{num_seqs}], got shape {tuple(seq_lens.shape)}")
     _require(seq_lens.dtype in (torch.int32, torch.int64), f"seq_lens must be int32, got {seq_lens.dtype}")
-    lengths = seq_lens.tolist()
+    lengths = host_list(seq_lens)
     num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
     capacity = block_tables.shape[1] * block_size
     _require(all(1 <= n <= capacity for n in lengths), f"seq_lens must lie in [1, {capacity}] (max_blocks_per_seq x block_size), got {lengths}")
-    tables = block_tables.tolist()
+    tables = host_list(block_tables)
     for row, length in zip(tables, lengths):
         used = row[: -(-length // block_size)]
         _require(all(0 <= b < num_blocks for b in used), f"block table row {used} names blocks outside [0, {num_blocks})")

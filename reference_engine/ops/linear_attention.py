@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from reference_engine.ops.norms import gated_rms_norm
+from reference_engine.ops.host_values import host_list
 from reference_engine.ops.registry import satisfies
 
 L2_EPS = 1e-6
@@ -34,7 +35,7 @@ def _check_cu_seqlens(cu_seqlens: torch.Tensor, num_tokens: int, name: str = "cu
     """Validate a ragged-batch offset vector and return it as host integers (one sync, at prefill only)."""
     _require(cu_seqlens.dim() == 1 and cu_seqlens.shape[0] >= 2, f"{name} must be 1-D with at least 2 entries, got shape {tuple(cu_seqlens.shape)}")
     _require(cu_seqlens.dtype == torch.int32, f"{name} must be int32, got {cu_seqlens.dtype}")
-    offsets = cu_seqlens.tolist()
+    offsets = host_list(cu_seqlens)
     _require(offsets[0] == 0, f"{name} must start at 0, got {offsets[0]}")
     _require(offsets[-1] == num_tokens, f"{name} must end at the number of tokens {num_tokens}, got {offsets[-1]}")
     _require(all(b >= a for a, b in itertools.pairwise(offsets)), f"{name} must be non-decreasing, got {offsets}")
