@@ -36,11 +36,7 @@ from reference_engine.kernels.launch import (
     require_launchable,
     staging_buffer,
 )
-from reference_engine.ops.linear_attention import (
-    _check_cu_seqlens,
-    _check_out,
-    _require,
-)
+from reference_engine.ops.linear_attention import check_causal_conv1d
 from reference_engine.ops.registry import satisfies
 
 BLOCK_T = 32  # tokens per program of launch 1
@@ -139,20 +135,8 @@ def causal_conv1d(
     final_state: torch.Tensor,  # [B, C, K - 1] (may be `initial_state`)
 ) -> None:
     """Depthwise causal conv over each sequence (previous inputs from `initial_state`), then SiLU; two Triton launches."""
-    _require(x.dim() == 2, f"x must be [T, C], got shape {tuple(x.shape)}")
-    num_tokens, channels = x.shape
-    _require(weight.dim() == 2 and weight.shape[0] == channels, f"weight must be [C={channels}, K], got {tuple(weight.shape)}")
-    kernel = weight.shape[1]
-    _require(kernel >= 2, f"kernel size must be at least 2, got {kernel}")
-    num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens.dim() == 1 else -1
-    _require(
-        tuple(initial_state.shape) == (num_seqs, channels, kernel - 1),
-        f"initial_state must be [B={num_seqs}, C={channels}, K-1={kernel - 1}], got {tuple(initial_state.shape)}",
-    )
-    _require(weight.dtype == x.dtype and initial_state.dtype == x.dtype, f"x, weight, initial_state must share a dtype, got {x.dtype}, {weight.dtype}, {initial_state.dtype}")
-    _check_out(out, (num_tokens, channels), x.dtype, "out")
-    _check_out(final_state, tuple(initial_state.shape), x.dtype, "final_state")
-    _check_cu_seqlens(cu_seqlens, num_tokens)
+    num_tokens, channels, kernel, offsets = check_causal_conv1d(x, weight, cu_seqlens, initial_state, out, final_state)
+    num_seqs = len(offsets) - 1
     require_launchable(x, weight, cu_seqlens, initial_state, out, final_state)
     if channels == 0:
         return

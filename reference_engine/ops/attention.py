@@ -162,6 +162,22 @@ def _gather(cache: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Ten
     return cache[blocks].flatten(0, 1)[:length]  # [length, Hkv, D]
 
 
+def _prefill_sequences(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale):
+    """Checks every input of a paged prefill first, then yields (start, end, cached length, key [L, Hkv, D],
+    value) per sequence with queries, its keys gathered from the cache in block-table order."""
+    bounds = _check_cu_seqlens(cu_seqlens_q, query.shape[0], "cu_seqlens_q")
+    lengths = _check_paged(query, k_cache, v_cache, block_tables, seq_lens, len(bounds) - 1)
+    _check_like("out", out, tuple(query.shape), query.dtype, query.device)
+    _require(scale > 0, f"scale must be positive, got {scale}")
+    for index, (start, end, length) in enumerate(zip(bounds, bounds[1:], lengths)):
+        _require(end - start <= length, f"sequence {index} has {end - start} queries but only {length} cached tokens")
+    block_size = k_cache.shape[1]
+    for index, (start, end, length) in enumerate(zip(bounds, bounds[1:], lengths)):
+        if end > start:
+            blocks = block_tables[index, : -(-length // block_size)].long()
+            yield start, end, length, _gather(k_cache, blocks, length), _gather(v_cache, blocks, length)
+
+
 @satisfies("attention/paged-prefill", major=1)
 def paged_prefill(
     query: torch.Tensor,
@@ -174,19 +190,8 @@ def paged_prefill(
     scale: float,
 ) -> torch.Tensor:
     """Queries are the last q_len tokens of each sequence; their keys (and all earlier ones) are already cached."""
-    bounds = _check_cu_seqlens(cu_seqlens_q, query.shape[0], "cu_seqlens_q")
-    lengths = _check_paged(query, k_cache, v_cache, block_tables, seq_lens, len(bounds) - 1)
-    _check_like("out", out, tuple(query.shape), query.dtype, query.device)
-    _require(scale > 0, f"scale must be positive, got {scale}")
-    block_size = k_cache.shape[1]
-    for index, (start, end, length) in enumerate(zip(bounds, bounds[1:], lengths)):
-        q_len = end - start
-        _require(q_len <= length, f"sequence {index} has {q_len} queries but only {length} cached tokens")
-        if q_len == 0:
-            continue
-        blocks = block_tables[index, : -(-length // block_size)].long()
-        key, value = _gather(k_cache, blocks, length), _gather(v_cache, blocks, length)
-        out[start:end].copy_(_attend(query[start:end], key, value, scale, length - q_len))
+    for start, end, length, key, value in _prefill_sequences(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale):
+        out[start:end].copy_(_attend(query[start:end], key, value, scale, length - (end - start)))
     return out
 
 
@@ -205,18 +210,8 @@ def paged_prefill_sdpa(
     in bf16 a flash / memory-efficient kernel per sequence instead of float32 score matrices (the eager
     prefill's choice on the GPU). A sequence whose queries are all its tokens runs causal; one that continues
     a cached prefix gets the offset causal mask."""
-    bounds = _check_cu_seqlens(cu_seqlens_q, query.shape[0], "cu_seqlens_q")
-    lengths = _check_paged(query, k_cache, v_cache, block_tables, seq_lens, len(bounds) - 1)
-    _check_like("out", out, tuple(query.shape), query.dtype, query.device)
-    _require(scale > 0, f"scale must be positive, got {scale}")
-    block_size = k_cache.shape[1]
-    for index, (start, end, length) in enumerate(zip(bounds, bounds[1:], lengths)):
+    for start, end, length, key, value in _prefill_sequences(query, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale):
         q_len = end - start
-        _require(q_len <= length, f"sequence {index} has {q_len} queries but only {length} cached tokens")
-        if q_len == 0:
-            continue
-        blocks = block_tables[index, : -(-length // block_size)].long()
-        key, value = _gather(k_cache, blocks, length), _gather(v_cache, blocks, length)  # [L, Hkv, D]
         q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query[start:end], key, value))  # [1, H, len, D]
         mask = None
         if q_len != length:  # query i sits at position length - q_len + i and sees keys 0 .. that position

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from reference_engine.ops.norms import gated_rms_norm
 from reference_engine.ops.host_values import host_list
+from reference_engine.ops.norms import gated_rms_norm
 from reference_engine.ops.registry import satisfies
 
 L2_EPS = 1e-6
@@ -50,16 +50,10 @@ def _check_out(tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
 # ----------------------------------------------------------------------------------------------- conv
 
 
-@satisfies("linear-attention/causal-conv1d", major=1)
-def causal_conv1d(
-    x: torch.Tensor,  # [T, C]
-    weight: torch.Tensor,  # [C, K]
-    cu_seqlens: torch.Tensor,  # [B + 1] int32
-    initial_state: torch.Tensor,  # [B, C, K - 1]
-    out: torch.Tensor,  # [T, C]
-    final_state: torch.Tensor,  # [B, C, K - 1]
-) -> None:
-    """Depthwise causal conv over each sequence (previous inputs from `initial_state`), then SiLU."""
+def check_causal_conv1d(
+    x: torch.Tensor, weight: torch.Tensor, cu_seqlens: torch.Tensor, initial_state: torch.Tensor, out: torch.Tensor, final_state: torch.Tensor
+) -> tuple[int, int, int, list[int]]:
+    """The causal conv1d input checks (the torch op and the Triton kernel share them); returns (T, C, K, offsets)."""
     _require(x.dim() == 2, f"x must be [T, C], got shape {tuple(x.shape)}")
     num_tokens, channels = x.shape
     _require(weight.dim() == 2 and weight.shape[0] == channels, f"weight must be [C={channels}, K], got {tuple(weight.shape)}")
@@ -73,9 +67,23 @@ def causal_conv1d(
     _require(weight.dtype == x.dtype and initial_state.dtype == x.dtype, f"x, weight, initial_state must share a dtype, got {x.dtype}, {weight.dtype}, {initial_state.dtype}")
     _check_out(out, (num_tokens, channels), x.dtype, "out")
     _check_out(final_state, tuple(initial_state.shape), x.dtype, "final_state")
+    return num_tokens, channels, kernel, _check_cu_seqlens(cu_seqlens, num_tokens)
+
+
+@satisfies("linear-attention/causal-conv1d", major=1)
+def causal_conv1d(
+    x: torch.Tensor,  # [T, C]
+    weight: torch.Tensor,  # [C, K]
+    cu_seqlens: torch.Tensor,  # [B + 1] int32
+    initial_state: torch.Tensor,  # [B, C, K - 1]
+    out: torch.Tensor,  # [T, C]
+    final_state: torch.Tensor,  # [B, C, K - 1]
+) -> None:
+    """Depthwise causal conv over each sequence (previous inputs from `initial_state`), then SiLU."""
+    num_tokens, channels, kernel, offsets = check_causal_conv1d(x, weight, cu_seqlens, initial_state, out, final_state)
+    num_seqs = len(offsets) - 1
 
     state_len = kernel - 1
-    offsets = _check_cu_seqlens(cu_seqlens, num_tokens)
     # Every row index on the host, one copy to the device: source rows are the T inputs, then each sequence's
     # K-1 previous inputs (oldest first); taps [K, T] (tap K-1 is the current input), last inputs [B, K-1].
     taps, last = _conv_rows(offsets, kernel)
