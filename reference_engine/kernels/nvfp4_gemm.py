@@ -66,12 +66,10 @@ from reference_engine.kernels.launch import (
     require_launchable,
     staging_buffer,
 )
-from reference_engine.kernels.nvfp4_gemv import _e2m1_word_pair
 
 if TYPE_CHECKING:
     from reference_engine.ops.static_moe import StackedNvfp4Experts
 
-WORDS = 0  # weight reads: 0 bytes; 1 int32 words, two codes per shift and mask (`_weight_tile_words`); kernels/tuning.py may set it
 _HALF_TO_E2M1 = 16384.0  # 2^14: the decoded operand is the E2M1 value times 2^-14
 _SM_COUNT_DEFAULT = 132
 _ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -120,14 +118,6 @@ def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return _SM_COUNT_DEFAULT
-
-
-def _word_mode(k_bytes: int, block_kb: int) -> int:
-    """The kernels' WORDS argument: 0 byte reads; with the module's WORDS on and whole words per row and per K step,
-    1 (integer decode, the interpreter) or 2 (PTX decode)."""
-    if not WORDS or k_bytes % 8 or block_kb % 8:
-        return 0
-    return 1 if interpreting() else 2
 
 
 def _dot_kind(dtype: torch.dtype) -> int:
@@ -187,77 +177,6 @@ def _weight_tile(packed_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
 
 
 @triton.jit
-def _e2m1_word_pair_f16(words, J: tl.constexpr, ASM: tl.constexpr):
-    """int32 words of 8 codes -> float16 (code J, code J + 4) times 2^-14, as `nvfp4_gemv._e2m1_word_pair`
-    but kept in float16 (the two halves of the placed register, no widening): the dot operand's dtype."""
-    if ASM:
-        if J == 0:
-            lo, hi = tl.inline_asm_elementwise(
-                "{ .reg .b32 m, s; shl.b32 m, $2, 9; and.b32 m, m, 0x0E000E00; shl.b32 s, $2, 12; and.b32 s, s, 0x80008000; or.b32 m, m, s; mov.b32 {$0, $1}, m; }",
-                "=h,=h,r", [words], dtype=(tl.float16, tl.float16), is_pure=True, pack=1,
-            )  # fmt: skip
-        elif J == 1:
-            lo, hi = tl.inline_asm_elementwise(
-                "{ .reg .b32 m, s; shl.b32 m, $2, 5; and.b32 m, m, 0x0E000E00; shl.b32 s, $2, 8; and.b32 s, s, 0x80008000; or.b32 m, m, s; mov.b32 {$0, $1}, m; }",
-                "=h,=h,r", [words], dtype=(tl.float16, tl.float16), is_pure=True, pack=1,
-            )  # fmt: skip
-        elif J == 2:
-            lo, hi = tl.inline_asm_elementwise(
-                "{ .reg .b32 m, s; shl.b32 m, $2, 1; and.b32 m, m, 0x0E000E00; shl.b32 s, $2, 4; and.b32 s, s, 0x80008000; or.b32 m, m, s; mov.b32 {$0, $1}, m; }",
-                "=h,=h,r", [words], dtype=(tl.float16, tl.float16), is_pure=True, pack=1,
-            )  # fmt: skip
-        else:
-            lo, hi = tl.inline_asm_elementwise(
-                "{ .reg .b32 m, s; shr.b32 m, $2, 3; and.b32 m, m, 0x0E000E00; and.b32 s, $2, 0x80008000; or.b32 m, m, s; mov.b32 {$0, $1}, m; }",
-                "=h,=h,r", [words], dtype=(tl.float16, tl.float16), is_pure=True, pack=1,
-            )  # fmt: skip
-    else:
-        lo32, hi32 = _e2m1_word_pair(words, J, False)
-        lo, hi = lo32.to(tl.float16), hi32.to(tl.float16)  # exact: the values are float16 numbers
-    return lo, hi
-
-
-@triton.jit
-def _weight_tile_words(words_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
-                       BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, ASM: tl.constexpr):
-    """`_weight_tile` from the int32 view of the codes: two codes per shift and mask, then the pairs (j, j + 4)
-    interleaved back to K order by joins (q_t = join(p_t, p_t+2), then join(q_0, q_1): element 4h + 2s + t)."""
-    K_WORDS: tl.constexpr = K_BYTES // 4
-    BLOCK_W: tl.constexpr = BLOCK_KB // 4
-    wcols = byte0 // 4 + tl.arange(0, BLOCK_W)
-    words_ptrs = words_ptr + rows[:, None] * K_WORDS + wcols[None, :]
-    scale_ptrs = scale_ptr + rows[:, None] * (K_BYTES // 8) + (wcols // 2)[None, :]
-    if EVEN_K:
-        words = tl.load(words_ptrs)  # [BN, BW] int32
-        scale = tl.load(scale_ptrs)  # [BN, BW] float8, one per two words
-    else:
-        words = tl.load(words_ptrs, mask=(wcols < K_WORDS)[None, :], other=0)
-        scale = tl.load(scale_ptrs, mask=(wcols < K_WORDS)[None, :], other=0.0)
-    scale = scale.to(tl.float16)
-    lo0, hi0 = _e2m1_word_pair_f16(words, 0, ASM)
-    lo1, hi1 = _e2m1_word_pair_f16(words, 1, ASM)
-    lo2, hi2 = _e2m1_word_pair_f16(words, 2, ASM)
-    lo3, hi3 = _e2m1_word_pair_f16(words, 3, ASM)
-    p0 = tl.join(lo0 * scale, hi0 * scale)  # [BN, BW, 2]: codes 0, 4 (exact products in float16)
-    p1 = tl.join(lo1 * scale, hi1 * scale)
-    p2 = tl.join(lo2 * scale, hi2 * scale)
-    p3 = tl.join(lo3 * scale, hi3 * scale)
-    tile = tl.join(tl.join(p0, p2), tl.join(p1, p3))  # [BN, BW, h, s, t] = code 4h + 2s + t
-    return _to_dot(tl.reshape(tile, (BLOCK_N, 2 * BLOCK_KB)), DOT_KIND)
-
-
-@triton.jit
-def _any_weight_tile(packed_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
-                     BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, WORDS: tl.constexpr):
-    """WORDS 0: byte reads (`_weight_tile`); 1: word reads, integer form (interpreter); 2: word reads in PTX."""
-    if WORDS > 0:
-        tile = _weight_tile_words(packed_ptr, scale_ptr, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, WORDS == 2)
-    else:
-        tile = _weight_tile(packed_ptr, scale_ptr, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
-    return tile
-
-
-@triton.jit
 def _x_tile(x_ptr, row_offsets, K_BYTES: tl.constexpr, byte0, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr):
     """x rows at element offsets row_offsets [BM] (int64), elements 2*byte0 .. 2*(byte0+BLOCK_KB) -> dot dtype."""
     cols = 2 * byte0 + tl.arange(0, 2 * BLOCK_KB)
@@ -274,7 +193,7 @@ def _w4a16_gemm_kernel(
     x_ptr, packed_ptr, scale_ptr, scale_2_ptr, out_ptr,
     M, N, stride_xm, stride_om,
     K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
-    EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, DOT_KIND: tl.constexpr, WORDS: tl.constexpr = 0,
+    EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, DOT_KIND: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -285,7 +204,7 @@ def _w4a16_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for byte0 in range(0, K_BYTES, BLOCK_KB):
         x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-        w = _any_weight_tile(packed_ptr, scale_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, WORDS)
+        w = _weight_tile(packed_ptr, scale_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
         acc = _dot(x, tl.trans(w), acc, DOT_KIND)
     if ROW_SCALES:
         acc = acc * (tl.load(scale_2_ptr + w_rows) * 16384.0)[None, :]
@@ -328,11 +247,10 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
     target = buffer if buffer.stride(1) == 1 else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     p = plan("linear", tokens, rows, 2 * k_bytes, _sm_count(x.device), float32=x.dtype == torch.float32)
     grid = (triton.cdiv(tokens, p.block_m), triton.cdiv(rows, p.block_n))
-    words = _word_mode(k_bytes, p.block_kb)
     _w4a16_gemm_kernel[grid](
-        x, packed.view(torch.int32) if words else packed, scale, scale_2, target, tokens, rows, x.stride(0), target.stride(0),
+        x, packed, scale, scale_2, target, tokens, rows, x.stride(0), target.stride(0),
         K_BYTES=k_bytes, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KB=p.block_kb, EVEN_K=k_bytes % p.block_kb == 0,
-        ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), WORDS=words, num_warps=p.num_warps, num_stages=p.num_stages,
+        ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if target is not buffer:
         buffer.copy_(target)
@@ -357,7 +275,6 @@ def _moe_gate_up_kernel(
     x_ptr, order_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, act_ptr,
     MAX_BLOCKS, stride_xm,
     I: tl.constexpr, H_BYTES: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr,
-    WORDS: tl.constexpr = 0,
 ):
     block = tl.program_id(0)
     expert, positions, valid, safe = _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M)
@@ -372,9 +289,9 @@ def _moe_gate_up_kernel(
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for byte0 in range(0, H_BYTES, BLOCK_KB):
         x = _x_tile(x_ptr, x_rows, H_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-        w_gate = _any_weight_tile(packed_ptr, scale_ptr, gate_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, WORDS)
+        w_gate = _weight_tile(packed_ptr, scale_ptr, gate_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
         acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
-        w_up = _any_weight_tile(packed_ptr, scale_ptr, up_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, WORDS)
+        w_up = _weight_tile(packed_ptr, scale_ptr, up_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
         acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
     gate = acc_gate * (tl.load(scale_2_ptr + 2 * expert) * 16384.0)
     up = acc_up * (tl.load(scale_2_ptr + 2 * expert + 1) * 16384.0)
@@ -388,7 +305,6 @@ def _moe_down_kernel(
     act_ptr, order_ptr, weights_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, pair_out_ptr,
     MAX_BLOCKS,
     H: tl.constexpr, I_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr,
-    WORDS: tl.constexpr = 0,
 ):
     block = tl.program_id(0)
     expert, _, valid, safe = _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M)
@@ -401,7 +317,7 @@ def _moe_down_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for byte0 in range(0, I_BYTES, BLOCK_KB):
         a = _x_tile(act_ptr, act_rows, I_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-        w = _any_weight_tile(packed_ptr, scale_ptr, down_rows, I_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, WORDS)
+        w = _weight_tile(packed_ptr, scale_ptr, down_rows, I_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
         acc = _dot(a, tl.trans(w), acc, DOT_KIND)
     routing = tl.load(weights_ptr + pairs)  # [BM] float32
     acc = acc * (tl.load(scale_2_ptr + expert) * 16384.0) * routing[:, None]
@@ -494,22 +410,20 @@ def nvfp4_moe_prefill(
     staged = interpreting() and x.dtype != torch.float32
     act = torch.empty((pairs, inter), dtype=torch.float32 if staged else x.dtype, device=x.device)  # [P, I] sorted order
     dot_kind = _dot_kind(x.dtype)
-    words_a, words_b = _word_mode(hidden // 2, plan_a.block_kb), _word_mode(inter // 2, plan_b.block_kb)
-    gate_up_codes, down_codes = experts.gate_up_packed.contiguous(), experts.down_packed.contiguous()
     _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
-        x, order, table, gate_up_codes.view(torch.int32) if words_a else gate_up_codes, experts.gate_up_scale.contiguous(), experts.gate_up_scale_2.contiguous(), act,
+        x, order, table, experts.gate_up_packed.contiguous(), experts.gate_up_scale.contiguous(), experts.gate_up_scale_2.contiguous(), act,
         blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
         BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb, EVEN_K=(hidden // 2) % plan_a.block_kb == 0,
-        DOT_KIND=dot_kind, WORDS=words_a, num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
+        DOT_KIND=dot_kind, num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
     )
     if staged:  # the interpreter truncates float32 -> bf16; torch rounds
         act = act.to(x.dtype)
     pair_out = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)  # [T*k, H]
     _moe_down_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
-        act, order, topk_weights.contiguous(), table, down_codes.view(torch.int32) if words_b else down_codes, experts.down_scale.contiguous(), experts.down_scale_2.contiguous(), pair_out,
+        act, order, topk_weights.contiguous(), table, experts.down_packed.contiguous(), experts.down_scale.contiguous(), experts.down_scale_2.contiguous(), pair_out,
         blocks, H=hidden, I_BYTES=inter // 2,
         BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
-        DOT_KIND=dot_kind, WORDS=words_b, num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
+        DOT_KIND=dot_kind, num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
     )
     out.copy_(pair_out.view(tokens, top_k, hidden).sum(dim=1))  # fixed order over the k slots, rounded once
     return out

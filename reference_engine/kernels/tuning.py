@@ -8,7 +8,7 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
      "gemv_words": 1, "gemm_min_tokens": 16}
 
 GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads). `gemv_words` sets the word reads
-for shapes without an entry; `gemm_words` the same for the tensor-core GEMMs; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
+for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65).
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
@@ -54,7 +54,6 @@ class TuningFile(BaseModel):
     moe_decode: MoeSettings | None = None
     gemv_words: int | None = Field(default=None, ge=0, le=1)
     gemm_min_tokens: int | None = Field(default=None, ge=2, le=65)
-    gemm_words: int | None = Field(default=None, ge=0, le=1)  # word reads in the tensor-core GEMMs (nvfp4_gemm.WORDS)
 
 
 def device_file(device_name: str) -> Path:
@@ -63,7 +62,7 @@ def device_file(device_name: str) -> Path:
 
 def apply_tuning(path: str | Path) -> TuningFile:
     """Validate and install a tuning file; returns it. ValueError naming the file on bad content."""
-    from reference_engine.kernels import moe_decode, nvfp4_gemm, nvfp4_gemv
+    from reference_engine.kernels import moe_decode, nvfp4_gemv
 
     path = Path(path)
     try:
@@ -74,8 +73,6 @@ def apply_tuning(path: str | Path) -> TuningFile:
         nvfp4_gemv.TUNED[(entry.tokens, entry.rows, entry.k_bytes)] = entry.config
     if tuning.gemv_words is not None:
         nvfp4_gemv.WORDS = tuning.gemv_words
-    if tuning.gemm_words is not None:
-        nvfp4_gemm.WORDS = tuning.gemm_words
     if tuning.gemm_min_tokens is not None:
         nvfp4_gemv.GEMM_MIN_TOKENS = tuning.gemm_min_tokens
     if tuning.moe_decode is not None:

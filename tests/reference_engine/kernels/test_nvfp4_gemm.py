@@ -55,9 +55,7 @@ for pairs in (8192, 800):
     sig = common | {"act_ptr": "*bf16", "order_ptr": "*i32", "weights_ptr": "*fp32", "blocks_ptr": "*i32", "pair_out_ptr": "*fp32", "MAX_BLOCKS": "i32"}
     configs.append((f"moe down pairs={pairs}", m._moe_down_kernel, sig, {"H": 2048, "I_BYTES": 256, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16}, p))
 report = {}
-for (name, kernel, sig, consts, p), words in ((config, words) for config in configs for words in (0, 2)):  # byte reads, word reads (PTX)
-    name, consts = name + (" words" if words else ""), consts | {"WORDS": words}
-    sig = sig | ({"packed_ptr": "*i32"} if words else {})
+for name, kernel, sig, consts, p in configs:
     compiled = triton.compile(ASTSource(kernel, sig | {key: "constexpr" for key in consts}, constexprs=consts),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": p.num_warps, "num_stages": p.num_stages})
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as handle:
@@ -129,7 +127,6 @@ wide[:, 48:] = 7.0
 nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, wide[:, :48])
 results["gemm"]["m70-strided-out-bf16"] = ("bfloat16", rel(wide[:, :48], ref))
 results["checks"].append(["strided out: other columns untouched", bool((wide[:, 48:] == 7.0).all())])
-gemm_weights = dict(weights)  # `weights` is reused for routing weights below
 
 # the M > 64 branches of the nvfp4_gemv wrappers (prefill) now run the GEMM
 x, packed, scale, scale_2, ref = weights["m70-f32"]
@@ -239,19 +236,6 @@ for case in ("t5-k2-f32", "t40-k2-skew-bf16"):
     for name, stack in WRONG_STACKS.items():
         results["moe_wrong"][f"{name}|{case}"] = (dtype, rel(run_moe(x, weights, ids, stack), references[case]))
     results["moe_wrong"][f"routing_weight_not_applied|{case}"] = (dtype, rel(run_moe(x, torch.ones_like(weights), ids), references[case]))
-
-# ---- int32 word reads (two codes per shift and mask, joined back to K order): every case again, and a wrong one
-results["words"], results["words_wrong"] = {}, {}
-nvfp4_gemm.WORDS = 1
-for name, (x, packed, scale, scale_2, ref) in gemm_weights.items():
-    results["words"]["gemm-" + name] = (GEMM_CASES[name][3], rel(run_gemm(x, packed, scale, scale_2), ref))
-for name, (dtype, x, weights_, ids) in MOE_CASES.items():
-    results["words"]["moe-" + name] = (dtype, rel(run_moe(x, weights_, ids), references[name]))
-x, packed, scale, scale_2, ref = gemm_weights["m97-k80-rows-f32"]
-results["words_wrong"]["gemm-nibbles_swapped"] = ("float32", rel(run_gemm(x, packed, scale, scale_2, nibbles_swapped), ref))
-dtype, x, weights_, ids = MOE_CASES["t40-k2-skew-bf16"]
-results["words_wrong"]["moe-nibbles_swapped"] = (dtype, rel(run_moe(x, weights_, ids, WRONG_STACKS["nibbles_swapped"]), references["t40-k2-skew-bf16"]))
-nvfp4_gemm.WORDS = 0
 print("JSON" + json.dumps(results))
 """
 
@@ -292,15 +276,6 @@ def test_moe_rejects_known_wrong_variants(results):
         assert error > 10 * BOUNDS[dtype], (name, error)
 
 
-def test_word_reads_match_the_float64_references(results):
-    assert len(results["words"]) == len(results["gemm"]) - 4 + len(results["moe"])  # every GEMM case (not the wrapper ones) and MoE case
-    for name, (dtype, error) in results["words"].items():
-        assert error < BOUNDS[dtype], (name, error)
-    for name, (dtype, error) in results["words_wrong"].items():
-        assert error > 10 * BOUNDS[dtype], (name, error)
-    assert len(results["words_wrong"]) == 2
-
-
 def test_structural_checks(results):
     failed = [name for name, ok in results["checks"] if not ok]
     assert not failed and len(results["checks"]) == 3, results["checks"]
@@ -320,7 +295,7 @@ def test_kernels_compile_for_sm90_without_spills():
         pytest.skip("Triton's bundled ptxas is not available")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout[result.stdout.rindex("JSON") + 4:])
-    assert len(report) == 14  # 7 configurations, byte and word reads
+    assert len(report) == 7
     for name, info in report.items():
         assert info["spill_bytes"] == 0 and info["tensor_cores"], (name, info)
 
@@ -338,12 +313,8 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("words", [0, 1])
 @pytest.mark.parametrize(("tokens", "rows", "columns", "per_row"), [(1024, 8192, 2048, False), (1024, 2048, 4096, False), (65, 512, 2048, True), (1024, 32, 2048, False), (300, 12288, 2048, True)])
-def test_gemm_matches_the_torch_op_on_cuda(tokens, rows, columns, per_row, words, monkeypatch):
-    from reference_engine.kernels import nvfp4_gemm
-
-    monkeypatch.setattr(nvfp4_gemm, "WORDS", words)  # 1: int32 word reads decoded in PTX
+def test_gemm_matches_the_torch_op_on_cuda(tokens, rows, columns, per_row):
     from reference_engine.kernels.nvfp4_gemv import w4a16_linear, w4a16_linear_rows
     from reference_engine.quant import linear as torch_linear
     from reference_engine.quant.nvfp4 import quantize_nvfp4
@@ -374,12 +345,8 @@ def _cuda_experts(num_experts: int, hidden: int, inter: int, generator: torch.Ge
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("words", [0, 1])
-def test_moe_prefill_matches_the_torch_op_on_cuda(words, monkeypatch):
-    from reference_engine.kernels import nvfp4_gemm
+def test_moe_prefill_matches_the_torch_op_on_cuda():
     from reference_engine.kernels.nvfp4_gemm import nvfp4_moe_prefill
-
-    monkeypatch.setattr(nvfp4_gemm, "WORDS", words)  # 1: int32 word reads decoded in PTX
     from reference_engine.ops.moe import routed_experts
 
     E, H, I, k, T = 256, 2048, 512, 8, 1024
