@@ -21,6 +21,7 @@ from reference_engine.kernels import (
     moe_decode,
     norms,
     nvfp4_gemv,
+    nvfp4_half_dot,
     paged_decode,
     router,
 )
@@ -38,6 +39,10 @@ def configs():
         for loop in (0, 1, 3):  # plain, unrolled, pipelined K loop
             yield f"w4a16 M={tokens} N={rows} split={split_k} loop={loop}", nvfp4_gemv._w4a16_gemv_kernel, gemv_sig | {"out_ptr": out}, {"STEPS_PER_SPLIT": steps, "SPLIT_K": split_k, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_KB": block_kb, "ROW_SCALES": tokens == 1, "LOOP": loop}
             yield f"w4a16 words M={tokens} N={rows} split={split_k} loop={loop}", nvfp4_gemv._w4a16_gemv_kernel, gemv_sig | {"out_ptr": out, "packed_ptr": "*i32"}, {"STEPS_PER_SPLIT": steps, "SPLIT_K": split_k, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_KB": block_kb, "ROW_SCALES": tokens == 1, "LOOP": loop, "WORDS": True, "ASM": True}
+    half_sig = {"x32_ptr": "*i32", "blocks_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16", "N": I32, "K_BLOCKS": I32}
+    for block_n, block_b, split, loop in ((128, 4, 1, 0), (256, 8, 2, 3), (64, 4, 4, 3)):
+        out = "*bf16" if split == 1 else "*fp32"
+        yield f"w4a16 half N-block={block_n} blocks={block_b} split={split} loop={loop}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig | {"out_ptr": out}, {"STEPS_PER_SPLIT": 4, "SPLIT_K": split, "BLOCK_N": block_n, "BLOCK_B": block_b, "ROW_SCALES": split == 1, "LOOP": loop, "ASM": True}
     yield "split-k reduce", nvfp4_gemv._split_k_reduce_kernel, {"workspace_ptr": "*fp32", "out_ptr": "*bf16", "M": I32, "N": I32, "stride_om": I32}, {"SPLIT_K": 4, "BLOCK": 256}
     for (nvfp4, weight, scale, scale_2), loop in itertools.product(((True, "*u8", "*fp8e4nv", "*fp32"), (False, "*bf16", "*bf16", "*bf16")), (0, 1, 3)):
         unshared = {"SHARED": False, "LOOP": loop, "DECODE": 0, "shared_w_ptr": None, "shared_scale_ptr": None, "shared_scale_2_ptr": None}
@@ -46,6 +51,11 @@ def configs():
     words_unshared = {"SHARED": False, "LOOP": 3, "DECODE": 2, "shared_w_ptr": None, "shared_scale_ptr": None, "shared_scale_2_ptr": None}
     yield "moe gate_up words", moe_decode._gate_up_kernel, {"x_ptr": "*bf16", "ids_ptr": "*i32", "w_ptr": "*i32", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 8, "BLOCK_K": 256} | words_unshared
     yield "moe down words", moe_decode._down_kernel, {"act_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "w_ptr": "*i32", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": 8, "BLOCK_I": 256} | words_unshared
+    half_unshared = words_unshared | {"DECODE": 3}
+    for block in (8, 32):
+        yield f"moe gate_up half rows={block}", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": block, "BLOCK_K": 64} | half_unshared
+        yield f"moe down half rows={block}", moe_decode._down_kernel, {"act_ptr": "*i32", "ids_ptr": "*i32", "weights_ptr": "*fp32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": block, "BLOCK_I": 64} | half_unshared
+    yield "moe gate_up half shared", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16", "shared_w_ptr": "*i64", "shared_scale_ptr": "*fp8e4nv", "shared_scale_2_ptr": "*fp32"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 32, "BLOCK_K": 64, "SHARED": True, "LOOP": 3, "DECODE": 3}
     yield "router", router._router_topk_kernel, {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32, "stride_t": I32}, {"TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8}
     yield "gdn decode", gdn_decode._gdn_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": "*bf16", "state_out_ptr": "*fp32", "q_scale": "fp32"}, {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 32, "EPS": 1e-6}
     for dtype, ieee in (("*bf16", False), ("*fp32", True)):

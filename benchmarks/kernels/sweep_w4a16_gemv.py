@@ -1,9 +1,9 @@
 """Tile sweep of the W4A16 NVFP4 GEMV at the decode shapes of Qwen3.6-35B-A3B (batch 1), on a GPU.
 
-    PYTHONPATH=. python3 benchmarks/kernels/sweep_w4a16_gemv.py results.json
+    PYTHONPATH=. python3 benchmarks/kernels/sweep_w4a16_gemv.py results.json [--batch-one]
 
 Each configuration (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K, num_warps, K loop: 0 plain, 1 unrolled, 3 pipelined in 3 stages,
-weight reads: 0 bytes, 1 int32 words) is timed as a CUDA graph of
+weight reads: 0 bytes, 1 int32 words, 2 int64 scale blocks in packed float16 pairs) is timed as a CUDA graph of
 `CALLS` back-to-back calls, each on its own copy of the weights (copies together > 2x the 60 MB L2,
 so every call streams its weights from HBM as in a real step, where each layer has its own). The
 figure is graph time / CALLS: the in-graph cost of one call, launch gaps included. Bytes: packed
@@ -60,6 +60,12 @@ def candidates(default: tuple[int, ...], rows: int, k_bytes: int) -> list[tuple[
             while -(-rows // block_n) * split < 2 * 132 and split * 2 <= k_bytes // block_kb:
                 split *= 2
             found.add((default[0], block_n, block_kb, split, 4, loop, 1))
+    for block_n, block_kb, loop, warps in itertools.product((64, 128, 256), (32, 64), (0, 3), (4, 8)):  # packed float16 pairs
+        if block_kb <= k_bytes and block_n * block_kb // (32 * warps) >= 16:  # at least 16 bytes per thread
+            split = 1
+            while -(-rows // block_n) * split < 2 * 132 and split * 2 <= k_bytes // block_kb:
+                split *= 2
+            found.add((default[0], block_n, block_kb, split, warps, loop, 2))
     return sorted(found)
 
 
@@ -85,7 +91,7 @@ def gemm_seconds(x, weights, out) -> float:
     return graph_seconds(step) / CALLS
 
 
-def main(path: str) -> None:
+def main(path: str, tokens_measured: tuple[int, ...] = TOKENS) -> None:
     from reference_engine.kernels.nvfp4_gemm import w4a16_gemm
 
     torch.manual_seed(0)
@@ -97,7 +103,7 @@ def main(path: str) -> None:
         del weight
         nbytes = packed.numel() + scale.numel() + 4
         weights = [(packed, scale, scale_2)] + [(packed.clone(), scale.clone(), scale_2) for _ in range(copies_for(nbytes) - 1)]
-        for tokens in TOKENS if name != "lm head (nvfp4)" else (1,):
+        for tokens in tokens_measured if name != "lm head (nvfp4)" else (1,):
             x = torch.randn(tokens, cols, device="cuda").bfloat16()
             expected = torch.empty(tokens, rows, device="cuda", dtype=torch.bfloat16)
             torch_linear(x, packed, scale, scale_2, out=expected)
@@ -128,7 +134,7 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--batch-one"):
         print(__doc__)
         raise SystemExit(2)
-    main(sys.argv[1])
+    main(sys.argv[1], (1,) if len(sys.argv) == 3 else TOKENS)

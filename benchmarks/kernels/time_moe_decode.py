@@ -28,6 +28,8 @@ E, H, I, TOP_K, COPIES, CALLS = 256, 2048, 512, 8, 4, 8
 SETTINGS = [  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS); run3 chose the first
     (3, 8, 256, 8, 256, 0), (3, 8, 256, 8, 256, 1), (0, 8, 256, 8, 256, 1), (1, 8, 256, 8, 256, 1),
     (3, 16, 256, 16, 256, 1), (3, 4, 512, 4, 256, 1), (3, 16, 128, 16, 128, 1), (3, 8, 512, 8, 256, 1),
+    # packed float16 pairs (WORDS 2): more rows per program so each thread's x pairs serve several rows
+    (3, 8, 256, 8, 256, 2), (3, 16, 128, 16, 128, 2), (3, 32, 64, 32, 64, 2), (0, 32, 64, 32, 64, 2), (3, 64, 64, 32, 128, 2),
 ]
 TOKENS = (1, 8, 32, 64)
 

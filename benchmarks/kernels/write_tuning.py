@@ -1,11 +1,13 @@
 """Turn the GPU timing records into a tuning file (`reference_engine/kernels/tuning.py` reads it).
 
-    PYTHONPATH=. python3 benchmarks/kernels/write_tuning.py gemv_sweep.json moe_times.json OUT.json
+    PYTHONPATH=. python3 benchmarks/kernels/write_tuning.py gemv_sweep.json moe_times.json OUT.json [--base EARLIER.json]
 
 GEMV: per shape, the fastest configuration whose output matched the torch op, kept only when it beats
 the default `plan` by more than 3% (smaller differences are within run-to-run spread). MoE: the setting
 with the least sum over batch sizes of (time / that batch size's best time), i.e. good at every batch
-size rather than best at one. The device name is read from the GPU this runs on.
+size rather than best at one. The device name is read from the GPU this runs on. With `--base`, settings
+these records do not measure (shapes not swept, the batch crossover when only batch 1 was swept) come
+from the earlier file.
 """
 
 from __future__ import annotations
@@ -71,10 +73,14 @@ def batch_choices(records: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 6) or (len(sys.argv) == 6 and sys.argv[4] != "--base"):
         print(__doc__)
         raise SystemExit(2)
     tuning: dict = {"device": torch.cuda.get_device_name(0)}
+    base: dict = {}
+    if len(sys.argv) == 6:  # an earlier tuning file: what these records do not measure is kept from it
+        with open(sys.argv[5]) as handle:
+            base = json.load(handle)
     for path, key, build in ((sys.argv[1], "nvfp4_gemv", gemv_entries), (sys.argv[2], "moe_decode", moe_setting)):
         try:
             with open(path) as handle:
@@ -87,6 +93,11 @@ if __name__ == "__main__":
             tuning[key] = value
         if key == "nvfp4_gemv":
             tuning |= batch_choices(records)
+    if base:
+        measured = {(e["tokens"], e["rows"], e["k_bytes"]) for e in tuning.get("nvfp4_gemv", [])}
+        kept = [e for e in base.get("nvfp4_gemv", []) if (e["tokens"], e["rows"], e["k_bytes"]) not in measured]
+        tuning = {key: value for key, value in base.items() if key != "device"} | tuning
+        tuning["nvfp4_gemv"] = kept + tuning.get("nvfp4_gemv", [])
     with open(sys.argv[3], "w") as handle:
         json.dump(tuning, handle, indent=1)
     print(json.dumps(tuning))

@@ -38,6 +38,7 @@ from reference_engine.kernels.launch import (
     staging_buffer,
 )
 from reference_engine.kernels.nvfp4_gemv import _decode_e2m1, _e2m1_word_pair
+from reference_engine.kernels.nvfp4_half_dot import _half_rows_dot
 from reference_engine.kernels.router import router_topk_with_shared
 from reference_engine.ops.moe import (
     _check_expert_range,
@@ -89,7 +90,12 @@ def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, B
     """Same over packed rows `row` [BN] (int64 row index of a [rows, K/2] code matrix); result times
     2^-14 / weight_scale_2 (the caller multiplies by the tensor scale and 2^14). DECODE 0: bytes, nibbles
     split per byte; 1 / 2: `packed_ptr` is the int32 view of the codes, two codes decoded per shift and
-    mask (`nvfp4_gemv._e2m1_word_pair`; 2 in PTX on the GPU, 1 the integer form for the interpreter)."""
+    mask (`nvfp4_gemv._e2m1_word_pair`; 2 in PTX on the GPU, 1 the integer form for the interpreter); 3 / 4:
+    `packed_ptr` is the int64 view (one scale block each) and `x_ptr` an int32 view of bfloat16 x, products in
+    packed float16 pairs (`nvfp4_half_dot`; 3 in PTX, 4 the interpreter form)."""
+    if DECODE >= 3:
+        part = _half_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES // 8, byte0 // 8, BN, BLOCK_KB // 8, DECODE == 3)
+        return tl.sum(part, axis=1) * (1.0 / 1024.0)  # the half path's codes are E2M1 * 2^-4; callers scale E2M1 * 2^-14
     if DECODE > 0:
         return _nvfp4_rows_dot_words(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES // 4, byte0 // 4, BN, BLOCK_KB // 4, DECODE == 2)
     byte_cols = byte0 + tl.arange(0, BLOCK_KB)
@@ -150,7 +156,10 @@ def _gate_up_kernel(
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # gate rows; up rows are I + rows
     row_ok = rows < I
     token = pair // SLOTS
-    x_row = x_ptr + token.to(tl.int64) * H
+    if DECODE >= 3:  # x is read as int32 (two bfloat16 each)
+        x_row = x_ptr + token.to(tl.int64) * (H // 2)
+    else:
+        x_row = x_ptr + token.to(tl.int64) * H
     if WEIGHT_NVFP4:
         if SHARED:
             if pair % SLOTS == TOP_K:  # uniform per program: the shared expert's own tensors
@@ -178,7 +187,10 @@ def _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, pai
     """weight * (down_e rows @ act) [BH] float32 for one (token, slot) pair of a routed expert."""
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     weight = tl.load(weights_ptr + pair)
-    act_row = act_ptr + pair.to(tl.int64) * I
+    if DECODE >= 3:  # act is read as int32 (two bfloat16 each)
+        act_row = act_ptr + pair.to(tl.int64) * (I // 2)
+    else:
+        act_row = act_ptr + pair.to(tl.int64) * I
     down_row = expert * H + rows
     partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
     if WEIGHT_NVFP4:
@@ -213,7 +225,10 @@ def _down_kernel(
             acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
     if SHARED:  # the last slot: the shared expert, weight = sigmoid(its gate logit)
         pair = token * SLOTS + TOP_K
-        act_row = act_ptr + pair.to(tl.int64) * I
+        if DECODE >= 3:
+            act_row = act_ptr + pair.to(tl.int64) * (I // 2)
+        else:
+            act_row = act_ptr + pair.to(tl.int64) * I
         partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
         for byte0 in range(0, I // 2, BLOCK_I):
             partial += _nvfp4_rows_dot(shared_w_ptr, shared_scale_ptr, rows.to(tl.int64), row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I, DECODE)
@@ -225,7 +240,8 @@ def _down_kernel(
 LOOP = 0  # loops over K (gate/up) and over the experts (down): 0 plain, 1 unrolled, n >= 2 pipelined n stages
 GATE_UP_BLOCK_N, GATE_UP_BLOCK_K = 16, 128  # rows of gate (and of up) per program, packed bytes per K step
 DOWN_BLOCK_H, DOWN_BLOCK_I = 16, 128  # output rows per program, packed bytes per K step
-WORDS = 0  # NVFP4 weight reads: 0 bytes, 1 int32 words with two codes decoded per shift and mask (`_nvfp4_rows_dot_words`)
+WORDS = 0  # NVFP4 weight reads: 0 bytes, 1 int32 words with two codes decoded per shift and mask (`_nvfp4_rows_dot_words`),
+# 2 (bfloat16 x; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`)
 
 
 def _launch(
@@ -239,7 +255,13 @@ def _launch(
     if num_tokens == 0:
         return
     decode = 0
-    if nvfp4 and WORDS:  # int32 views of the codes (rows of H/2 and I/2 bytes, multiples of 8)
+    half = nvfp4 and WORDS == 2 and x.dtype == torch.bfloat16
+    if half:  # int64 views of the codes (one scale block each), int32 views of x and of the activation
+        decode = 4 if interpreting() else 3
+        gate_up, down = gate_up.view(torch.int64), down.view(torch.int64)
+        if shared is not None:
+            shared = SharedNvfp4Expert(*(t.view(torch.int64) if t.dtype == torch.uint8 else t for t in vars(shared).values()))
+    elif nvfp4 and WORDS:  # int32 views of the codes (rows of H/2 and I/2 bytes, multiples of 8)
         decode = 1 if interpreting() else 2
         gate_up, down = gate_up.view(torch.int32), down.view(torch.int32)
         if shared is not None:
@@ -257,12 +279,14 @@ def _launch(
     x = x.contiguous()
     ids = topk_ids.contiguous()
     _gate_up_kernel[(num_tokens * slots, triton.cdiv(intermediate, block_n))](
-        x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
+        x.view(torch.int32) if half else x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=LOOP, DECODE=decode,
         **gate_up_shared,
     )
     if act.dtype != x.dtype:
         act = act.to(x.dtype).to(act_dtype)  # round-to-nearest-even into x's dtype, as on the GPU
+    if half:
+        act = act.to(x.dtype).view(torch.int32)
     block_h = min(DOWN_BLOCK_H, triton.next_power_of_2(hidden))
     block_i = min(DOWN_BLOCK_I, triton.next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
     buffer = staging_buffer(out)

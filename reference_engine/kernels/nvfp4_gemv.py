@@ -33,7 +33,8 @@ E2M1_FROM_HALF_BITS = 16384.0  # 2^14: float16 with the E2M1 bits placed at 11..
 _SM_COUNT_DEFAULT = 132
 TUNED: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (tokens, rows, k_bytes) -> measured config (kernels/tuning.py)
 LOOP = 0  # the K loop: 0 plain, 1 unrolled (tl.static_range), n >= 2 pipelined n stages (tl.range); benchmarks/kernels/ compares
-WORDS = 0  # weight reads: 0 bytes (nibbles split per byte), 1 int32 words (two codes decoded per shift-and-mask; `_e2m1_word_pair`)
+WORDS = 0  # weight reads: 0 bytes (nibbles split per byte), 1 int32 words (two codes decoded per shift-and-mask; `_e2m1_word_pair`),
+# 2 (one bfloat16 token; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`)
 GEMM_MIN_TOKENS = MAX_GEMV_TOKENS + 1  # from this many tokens the tensor-core GEMM runs instead of the GEMV (tuning may lower it)
 
 
@@ -237,6 +238,10 @@ def launch_w4a16_gemv(
         block_m, block_n, block_kb, split_k, num_warps, *rest = config
         loop = int(rest[0]) if rest else LOOP
         words = int(rest[1]) if len(rest) > 1 else WORDS
+    if words == 2 and _half_path_ok(x2d, weight_packed, block_kb):
+        _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n, block_kb // 8, split_k, num_warps, loop)
+        return
+    words = min(words, 1)
     codes = weight_packed
     if words and block_kb % 8 == 0 and k_bytes % 8 == 0 and weight_packed.storage_offset() % 4 == 0 and weight_packed.is_contiguous():
         codes = weight_packed.view(torch.int32)  # [N, K/8] words, read little-endian: code i of a word in bits 4i..4i+3
@@ -257,6 +262,34 @@ def launch_w4a16_gemv(
     if split_k > 1:
         block = 256
         _split_k_reduce_kernel[(triton.cdiv(rows, block), tokens)](target, out2d, tokens, rows, out2d.stride(0), SPLIT_K=split_k, BLOCK=block)
+
+
+def _half_path_ok(x2d: torch.Tensor, weight_packed: torch.Tensor, block_kb: int) -> bool:
+    """The packed-float16 batch-1 kernel (`nvfp4_half_dot`) takes one bfloat16 token, whole scale blocks
+    read as int64 (8-byte aligned rows) and x read as int32."""
+    k_bytes = weight_packed.shape[1]
+    return (
+        x2d.shape[0] == 1 and x2d.dtype == torch.bfloat16 and x2d.is_contiguous() and x2d.data_ptr() % 4 == 0
+        and block_kb % 8 == 0 and k_bytes % 8 == 0 and weight_packed.is_contiguous() and weight_packed.storage_offset() % 8 == 0
+    )  # fmt: skip
+
+
+def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n: int, block_b: int, split_k: int, num_warps: int, loop: int) -> None:
+    from reference_engine.kernels.nvfp4_half_dot import _w4a16_gemv_half_kernel
+
+    rows, k_blocks = weight_packed.shape[0], weight_packed.shape[1] // 8
+    steps_per_split = triton.cdiv(triton.cdiv(k_blocks, block_b), split_k)
+    row_scales = torch.as_tensor(weight_scale_2).numel() == rows and rows > 1
+    scale_2 = torch.as_tensor(weight_scale_2, dtype=torch.float32, device=x2d.device).reshape(-1)
+    target = out2d if split_k == 1 else torch.empty((split_k, 1, rows), dtype=torch.float32, device=x2d.device)
+    _w4a16_gemv_half_kernel[(triton.cdiv(rows, block_n), split_k)](
+        x2d.view(torch.int32), weight_packed.view(torch.int64), weight_scale, scale_2, target, rows, k_blocks,
+        STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_N=block_n, BLOCK_B=block_b, ROW_SCALES=row_scales, LOOP=loop,
+        ASM=not interpreting(), num_warps=num_warps,
+    )
+    if split_k > 1:
+        block = 256
+        _split_k_reduce_kernel[(triton.cdiv(rows, block), 1)](target, out2d, 1, rows, out2d.stride(0), SPLIT_K=split_k, BLOCK=block)
 
 
 def _apply(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
      "moe_decode": {"LOOP": 1, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 256, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 256, "WORDS": 1},
      "gemv_words": 1, "gemm_min_tokens": 16}
 
-GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads). `gemv_words` sets the word reads
+GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1). `gemv_words` sets the word reads
 for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65).
 
@@ -44,7 +44,7 @@ class MoeSettings(BaseModel):
     GATE_UP_BLOCK_K: int = Field(ge=16, le=2048)
     DOWN_BLOCK_H: int = Field(ge=1, le=128)
     DOWN_BLOCK_I: int = Field(ge=16, le=2048)
-    WORDS: int = Field(default=0, ge=0, le=1)
+    WORDS: int = Field(default=0, ge=0, le=2)
 
 
 class TuningFile(BaseModel):
@@ -52,7 +52,7 @@ class TuningFile(BaseModel):
     device: str
     nvfp4_gemv: list[GemvEntry] = []
     moe_decode: MoeSettings | None = None
-    gemv_words: int | None = Field(default=None, ge=0, le=1)
+    gemv_words: int | None = Field(default=None, ge=0, le=2)
     gemm_min_tokens: int | None = Field(default=None, ge=2, le=65)
 
 

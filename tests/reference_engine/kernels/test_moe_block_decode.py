@@ -94,8 +94,9 @@ for T in (1, 3):
         x, rw = inputs(T, dtype)
         expected, expected_ids = block_reference(x, rw)
         results = {}
-        for name, op, words in (("triton", moe_decode.moe_block_decode, 0), ("triton words", moe_decode.moe_block_decode, 1), ("torch", static_moe.moe_block_decode, 0)):
-            moe_decode.WORDS = words  # 1: int32 word reads, two codes per shift and mask
+        for name, op, words in (("triton", moe_decode.moe_block_decode, 0), ("triton words", moe_decode.moe_block_decode, 1),
+                                ("triton half", moe_decode.moe_block_decode, 2), ("torch", static_moe.moe_block_decode, 0)):  # fmt: skip
+            moe_decode.WORDS = words  # 1: int32 word reads, two codes per shift and mask; 2: packed float16 pairs (bf16 x)
             out = torch.full((T, H), float("nan"), dtype=dtype)
             op(x, rw, experts, shared, K, out)
             moe_decode.WORDS = 0
@@ -104,6 +105,7 @@ for T in (1, 3):
             print(f"block T={T} {dtype} {name} vs float64: {error:.2e}")
             assert error < BOUND[dtype], (T, dtype, name, error)
         assert rel(results["triton words"], results["triton"]) < 1e-5, (T, dtype, "word reads change the result")
+        assert rel(results["triton half"], results["triton"]) < 1e-5, (T, dtype, "packed float16 pairs change the result")
         agree = rel(results["triton"], results["torch"])
         print(f"block T={T} {dtype} triton vs torch: {agree:.2e}")
         assert agree < AGREE[dtype], (T, dtype, agree)
@@ -335,13 +337,13 @@ def test_wrappers_reject_bad_shapes():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("words", [0, 1])
+@pytest.mark.parametrize("words", [0, 1, 2])
 @pytest.mark.parametrize("tokens", [1, 3, 64])
 def test_triton_block_matches_the_torch_op_on_cuda_at_the_real_shape(tokens, words, monkeypatch):
     from reference_engine.kernels import moe_decode
     from reference_engine.kernels.moe_decode import moe_block_decode
 
-    monkeypatch.setattr(moe_decode, "WORDS", words)  # 1: int32 word reads decoded in PTX
+    monkeypatch.setattr(moe_decode, "WORDS", words)  # 1: int32 word reads decoded in PTX; 2: packed float16 pairs
     from reference_engine.ops import static_moe
 
     generator = torch.Generator(device="cuda").manual_seed(tokens)

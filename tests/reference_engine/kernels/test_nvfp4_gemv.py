@@ -52,6 +52,28 @@ for tokens, config in ((1, (1, 16, 64, 2, 4, 0, 1)), (3, (4, 8, 32, 1, 4, 1, 1))
         swapped = torch.full((tokens, 40), float("nan"))  # known-wrong: nibbles swapped in the packed bytes
         nvfp4_gemv.launch_w4a16_gemv(x, (packed >> 4) | (packed << 4), scale, scale_2_in, swapped, config=config)
         assert float((swapped.double() - byte_out.double()).norm() / byte_out.double().norm()) > 0.1
+
+# Packed float16 pairs (WORDS 2: one bfloat16 token, int64 scale blocks; the interpreter runs its integer
+# form) against the byte-read kernel, with split-K, per-row tensor scales and N not a multiple of the row
+# block; a float32 token falls back to word reads. Known-wrong: nibbles swapped.
+for config in ((1, 16, 64, 2, 4, 0, 2), (1, 32, 32, 1, 4, 3, 2), (1, 64, 16, 4, 4, 0, 2)):
+    for scale_2_in in (scale_2, torch.rand(40, generator=g) + 0.5):
+        x = torch.randn(1, 1024, generator=g).bfloat16()
+        byte_out = torch.full((1, 40), float("nan"))
+        nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2_in, byte_out, config=config[:6] + (0,))
+        half_out = torch.full((1, 40), float("nan"))
+        nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2_in, half_out, config=config)
+        assert torch.isfinite(half_out).all()
+        error = float((half_out.double() - byte_out.double()).norm() / byte_out.double().norm())
+        assert error < 1e-5, (config, error)
+        swapped = torch.full((1, 40), float("nan"))
+        nvfp4_gemv.launch_w4a16_gemv(x, (packed >> 4) | (packed << 4), scale, scale_2_in, swapped, config=config)
+        assert float((swapped.double() - byte_out.double()).norm() / byte_out.double().norm()) > 0.1
+    fallback = torch.full((1, 40), float("nan"))
+    nvfp4_gemv.launch_w4a16_gemv(x.float(), packed, scale, scale_2, fallback, config=config)
+    reference = torch.full((1, 40), float("nan"))
+    nvfp4_gemv.launch_w4a16_gemv(x.float(), packed, scale, scale_2, reference, config=config[:6] + (0,))
+    assert float((fallback.double() - reference.double()).norm() / reference.double().norm()) < 1e-6
 print("ok")
 """
 
@@ -83,12 +105,12 @@ def test_contract_catches_known_wrong_kernel(records, wrong):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(("tokens", "rows", "columns"), [(1, 512, 2048), (1, 8192, 2048), (4, 2048, 4096), (32, 1024, 2048), (64, 4096, 2048), (65, 512, 2048)])
-@pytest.mark.parametrize("words", [0, 1])
+@pytest.mark.parametrize("words", [0, 1, 2])
 def test_matches_the_torch_op_on_cuda(tokens, rows, columns, words, monkeypatch):
     from reference_engine.kernels import nvfp4_gemv
     from reference_engine.kernels.nvfp4_gemv import w4a16_linear as triton_linear
 
-    monkeypatch.setattr(nvfp4_gemv, "WORDS", words)  # 1: int32 word reads decoded in PTX
+    monkeypatch.setattr(nvfp4_gemv, "WORDS", words)  # 1: int32 word reads decoded in PTX; 2: packed float16 pairs (batch 1)
     monkeypatch.setattr(nvfp4_gemv, "TUNED", {})
     from reference_engine.quant.linear import w4a16_linear as torch_linear
     from reference_engine.quant.nvfp4 import quantize_nvfp4

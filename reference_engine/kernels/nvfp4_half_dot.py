@@ -1,0 +1,182 @@
+"""Batch-1 NVFP4 dot products in packed float16 pairs: the decode-bound inner loop with fewer instructions.
+
+The word-read GEMV (`nvfp4_gemv`, WORDS 1) widens every decoded code to float32: one quarter-rate
+conversion per weight, and one multiply-add per weight. Here the 16 codes of one scale block are
+read as one int64 and, in one piece of PTX per block:
+- decoded two at a time into a float16x2 register (codes j and j + 4 of each 32-bit word sit 16 bits
+  apart, so one shift and mask place both magnitudes at bits 9..11, another both signs at 15 and 31:
+  the E2M1 values times 2^-14, subnormal codes included);
+- multiplied by 2^10 (`mul.rn.f16x2`, exact) so that products with ordinary activations stay in
+  float16's normal range;
+- multiplied into an x pair (x[j], x[j + 4] of the same word, float16x2) and accumulated with
+  `fma.rn.f16x2`: 8 packed multiply-adds for the 16 products;
+- the two halves added and widened once: one float32 partial sum per scale block, which the caller
+  multiplies by the block scale times the tensor scale times 2^4.
+The x pairs are built once per K step from x read as int32 (two bfloat16 each), converted with
+`cvt.rn.f16x2.f32`, and shared by every row a thread holds.
+
+Numerics: products and the 8-term sums run in float16 (11-bit significand, relative error about 2^-11
+per operation), block sums and everything after in float32. Activations must fit float16 (|x| < 65504;
+the 8-term sums overflow from |x| of about 2e4); the model's linears see normed activations far below
+that. The interpreter runs the same decode as integers and the products in float32.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from reference_engine.kernels.nvfp4_gemv import _e2m1_word_pair
+
+HALF_RESTORE = 1024.0  # 2^10: decoded float16 codes are E2M1 * 2^-14; times this they are E2M1 * 2^-4
+BLOCK_SUM_SCALE = 16.0  # 2^4: a block sum times this (and the block and tensor scales) is the dot product
+
+_PAIR_DECODE = (  # (shift placing the magnitudes at 9..11 and 25..27, shift placing the signs at 15 and 31) for j = 0..3
+    ("shl.b32 m, {w}, 9;", "shl.b32 s, {w}, 12;"),
+    ("shl.b32 m, {w}, 5;", "shl.b32 s, {w}, 8;"),
+    ("shl.b32 m, {w}, 1;", "shl.b32 s, {w}, 4;"),
+    ("shr.b32 m, {w}, 3;", "mov.b32 s, {w};"),
+)
+
+
+def _block_dot_asm() -> str:
+    """PTX: $1 the int64 block (16 codes), $2..$9 the x pairs (float16x2) of pairs 0..3 of word 0 and of
+    word 1 -> $0 float32 sum of the 16 products (codes times 2^-4)."""
+    lines = ["{ .reg .b32 w0, w1, m, s, p, c, acc; .reg .b16 l, h;", "mov.b64 {w0, w1}, $1;", "mov.b32 c, 0x64006400;"]
+    operand = 2
+    for word in ("w0", "w1"):
+        for mag, sign in _PAIR_DECODE:
+            lines += [mag.format(w=word), "and.b32 m, m, 0x0E000E00;", sign.format(w=word), "and.b32 s, s, 0x80008000;", "or.b32 p, m, s;", "mul.rn.f16x2 p, p, c;"]
+            lines.append(f"mul.rn.f16x2 acc, p, ${operand};" if operand == 2 else f"fma.rn.f16x2 acc, p, ${operand}, acc;")
+            operand += 1
+    lines += ["mov.b32 {l, h}, acc;", "add.rn.f16 l, l, h;", "cvt.f32.f16 $0, l; }"]
+    return " ".join(lines)
+
+
+BLOCK_DOT_ASM = tl.constexpr(_block_dot_asm())
+
+
+@triton.jit
+def _half_pair(low_f32, high_f32, ASM: tl.constexpr):
+    """Two float32 tensors -> int32 float16x2 (low half `low_f32`, high half `high_f32`), rounded to nearest."""
+    if ASM:
+        pair = tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f", [high_f32, low_f32], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        low = low_f32.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        high = high_f32.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+        pair = low | (high << 16)
+    return pair
+
+
+@triton.jit
+def _bf16_low(words):
+    """int32 holding two bfloat16 -> float32 of the low one (exact)."""
+    return (words << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bf16_high(words):
+    """int32 holding two bfloat16 -> float32 of the high one (exact)."""
+    return (words & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr):
+    """x read as int32 (bfloat16 pairs), at scale blocks `blocks` [BB] (16 elements each) -> the 8 float16x2
+    pairs the block dot takes: word 0's (x[16b + j], x[16b + j + 4]) for j = 0..3, then word 1's (+8)."""
+    base = x32_ptr + blocks * 8
+    x0 = tl.load(base + 0, mask=ok, other=0)
+    x1 = tl.load(base + 1, mask=ok, other=0)
+    x2 = tl.load(base + 2, mask=ok, other=0)
+    x3 = tl.load(base + 3, mask=ok, other=0)
+    x4 = tl.load(base + 4, mask=ok, other=0)
+    x5 = tl.load(base + 5, mask=ok, other=0)
+    x6 = tl.load(base + 6, mask=ok, other=0)
+    x7 = tl.load(base + 7, mask=ok, other=0)
+    p0 = _half_pair(_bf16_low(x0), _bf16_low(x2), ASM)  # elements 0, 4
+    p1 = _half_pair(_bf16_high(x0), _bf16_high(x2), ASM)  # 1, 5
+    p2 = _half_pair(_bf16_low(x1), _bf16_low(x3), ASM)  # 2, 6
+    p3 = _half_pair(_bf16_high(x1), _bf16_high(x3), ASM)  # 3, 7
+    p4 = _half_pair(_bf16_low(x4), _bf16_low(x6), ASM)  # 8, 12
+    p5 = _half_pair(_bf16_high(x4), _bf16_high(x6), ASM)  # 9, 13
+    p6 = _half_pair(_bf16_low(x5), _bf16_low(x7), ASM)  # 10, 14
+    p7 = _half_pair(_bf16_high(x5), _bf16_high(x7), ASM)  # 11, 15
+    return p0, p1, p2, p3, p4, p5, p6, p7
+
+
+@triton.jit
+def _pair_products(word, J: tl.constexpr, pair):
+    """Interpreter form of one packed multiply: decoded codes (J, J + 4) of `word` times 2^10, times the
+    float16x2 x pair, as float32 (lo product + hi product)."""
+    lo, hi = _e2m1_word_pair(word, J, False)
+    x_lo = (pair & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    x_hi = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo * 1024.0 * x_lo + hi * 1024.0 * x_hi
+
+
+@triton.jit
+def _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr):
+    """int64 scale blocks [BN, BB] (16 codes each, little-endian) and the x pairs [BB] -> float32 [BN, BB]:
+    each block's 16 products, codes taken as E2M1 * 2^-4 (times `BLOCK_SUM_SCALE` and the scales outside)."""
+    shape: tl.constexpr = (BN, BB)
+    if ASM:
+        total = tl.inline_asm_elementwise(
+            BLOCK_DOT_ASM, "=f,l,r,r,r,r,r,r,r,r",
+            [block, tl.broadcast_to(p0[None, :], shape), tl.broadcast_to(p1[None, :], shape), tl.broadcast_to(p2[None, :], shape),
+             tl.broadcast_to(p3[None, :], shape), tl.broadcast_to(p4[None, :], shape), tl.broadcast_to(p5[None, :], shape),
+             tl.broadcast_to(p6[None, :], shape), tl.broadcast_to(p7[None, :], shape)],
+            dtype=tl.float32, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        w0 = (block & 0xFFFFFFFF).to(tl.int32)
+        w1 = (block >> 32).to(tl.int32)
+        total = _pair_products(w0, 0, p0[None, :]) + _pair_products(w0, 1, p1[None, :])
+        total += _pair_products(w0, 2, p2[None, :]) + _pair_products(w0, 3, p3[None, :])
+        total += _pair_products(w1, 0, p4[None, :]) + _pair_products(w1, 1, p5[None, :])
+        total += _pair_products(w1, 2, p6[None, :]) + _pair_products(w1, 3, p7[None, :])
+    return total
+
+
+@triton.jit
+def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block0, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr):
+    """Scale blocks block0..block0+BB of rows `rows` [BN] (int64) against x: float32 [BN, BB], each block's
+    sum times its block scale and 2^-4 (the caller sums, and multiplies by `BLOCK_SUM_SCALE` and the tensor scale)."""
+    cols = block0 + tl.arange(0, BB)
+    ok = cols < K_BLOCKS
+    tile_ok = row_ok[:, None] & ok[None, :]
+    offsets = rows[:, None] * K_BLOCKS + cols[None, :]
+    block = tl.load(blocks_ptr + offsets, mask=tile_ok, other=0)  # [BN, BB] int64
+    scale = tl.load(scale_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)  # one E4M3 scale per block
+    p0, p1, p2, p3, p4, p5, p6, p7 = _x_half_pairs(x32_ptr, cols, ok, ASM)
+    return _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN, BB, ASM) * scale
+
+
+@triton.jit
+def _w4a16_gemv_half_kernel(
+    x32_ptr, blocks_ptr, scale_ptr, scale_2_ptr, out_ptr, N, K_BLOCKS,
+    STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr,
+):
+    """One token: out[n] = sum_k x[k] W[n, k]. Grid (cdiv(N, BLOCK_N), SPLIT_K); BLOCK_B scale blocks
+    (16 elements, 8 bytes) per row per step. Split-K partials go to a float32 workspace [SPLIT_K, 1, N]."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    rows64 = rows.to(tl.int64)
+    if ROW_SCALES:
+        scale_2 = tl.load(scale_2_ptr + rows, mask=row_ok, other=0.0) * 16.0
+    else:
+        scale_2 = tl.load(scale_2_ptr) * 16.0
+    acc = tl.zeros((BLOCK_N, BLOCK_B), dtype=tl.float32)  # summed over K once, after the loop
+    if LOOP > 1:
+        for step in tl.range(STEPS_PER_SPLIT, num_stages=LOOP):
+            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM)
+    else:
+        for step in range(STEPS_PER_SPLIT):
+            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM)
+    acc = tl.sum(acc, axis=1) * scale_2
+    if SPLIT_K == 1:
+        tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
+    else:
+        tl.store(out_ptr + pid_k * N + rows, acc, mask=row_ok)
