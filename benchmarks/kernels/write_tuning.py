@@ -5,7 +5,7 @@
 GEMV: per shape, the fastest configuration whose output matched the torch op, kept only when it beats
 the default `plan` by more than 3% (smaller differences are within run-to-run spread). MoE: the setting
 with the least sum over batch sizes of (time / that batch size's best time), i.e. good at every batch
-size rather than best at one. The device name is read from the GPU this runs on. With `--base`, settings
+size above 1 rather than best at one; at one token, the fastest (`moe_decode_batch_one`). The device name is read from the GPU this runs on. With `--base`, settings
 these records do not measure (shapes not swept, the batch crossover when only batch 1 was swept) come
 from the earlier file.
 """
@@ -33,8 +33,9 @@ def gemv_entries(records: list[dict]) -> list[dict]:
     return entries
 
 
-def moe_setting(records: list[dict]) -> dict | None:
-    ok = [r for r in records if r.get("setting") is not None and r["us"] == r["us"] and r["rel_error"] < 1e-2]
+def moe_setting(records: list[dict], batch_one: bool = False) -> dict | None:
+    """batch_one: the fastest setting at one token; otherwise the best over the larger batches measured."""
+    ok = [r for r in records if r.get("setting") is not None and r["us"] == r["us"] and r["rel_error"] < 1e-2 and (r["tokens"] == 1) == batch_one]
     if not ok:
         return None
     best_per_batch = {t: min(r["us"] for r in ok if r["tokens"] == t) for t in {r["tokens"] for r in ok}}
@@ -81,7 +82,9 @@ if __name__ == "__main__":
     if len(sys.argv) == 6:  # an earlier tuning file: what these records do not measure is kept from it
         with open(sys.argv[5]) as handle:
             base = json.load(handle)
-    for path, key, build in ((sys.argv[1], "nvfp4_gemv", gemv_entries), (sys.argv[2], "moe_decode", moe_setting)):
+    jobs = ((sys.argv[1], "nvfp4_gemv", gemv_entries), (sys.argv[2], "moe_decode", moe_setting),
+            (sys.argv[2], "moe_decode_batch_one", lambda records: moe_setting(records, batch_one=True)))
+    for path, key, build in jobs:
         try:
             with open(path) as handle:
                 records = json.load(handle)

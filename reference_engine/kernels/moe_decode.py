@@ -242,6 +242,14 @@ GATE_UP_BLOCK_N, GATE_UP_BLOCK_K = 16, 128  # rows of gate (and of up) per progr
 DOWN_BLOCK_H, DOWN_BLOCK_I = 16, 128  # output rows per program, packed bytes per K step
 WORDS = 0  # NVFP4 weight reads: 0 bytes, 1 int32 words with two codes decoded per shift and mask (`_nvfp4_rows_dot_words`),
 # 2 (bfloat16 x; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`)
+BATCH_ONE: tuple[int, int, int, int, int, int] | None = None  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS) for one token
+
+
+def _settings(num_tokens: int) -> tuple[int, int, int, int, int, int]:
+    """The loop form, tiles and weight reads for this many tokens: `BATCH_ONE` for one token when set, else the module's."""
+    if num_tokens == 1 and BATCH_ONE is not None:
+        return BATCH_ONE
+    return LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS
 
 
 def _launch(
@@ -254,14 +262,15 @@ def _launch(
     top_k = slots - 1 if shared is not None else slots
     if num_tokens == 0:
         return
+    loop, gate_up_block_n, gate_up_block_k, down_block_h, down_block_i, words = _settings(num_tokens)
     decode = 0
-    half = nvfp4 and WORDS == 2 and x.dtype == torch.bfloat16
+    half = nvfp4 and words == 2 and x.dtype == torch.bfloat16
     if half:  # int64 views of the codes (one scale block each), int32 views of x and of the activation
         decode = 4 if interpreting() else 3
         gate_up, down = gate_up.view(torch.int64), down.view(torch.int64)
         if shared is not None:
             shared = SharedNvfp4Expert(*(t.view(torch.int64) if t.dtype == torch.uint8 else t for t in vars(shared).values()))
-    elif nvfp4 and WORDS:  # int32 views of the codes (rows of H/2 and I/2 bytes, multiples of 8)
+    elif nvfp4 and words:  # int32 views of the codes (rows of H/2 and I/2 bytes, multiples of 8)
         decode = 1 if interpreting() else 2
         gate_up, down = gate_up.view(torch.int32), down.view(torch.int32)
         if shared is not None:
@@ -274,26 +283,26 @@ def _launch(
     # Under the interpreter the activation is written in float32 and rounded by torch (the interpreter truncates).
     act_dtype = torch.float32 if interpreting() else x.dtype
     act = torch.empty(num_tokens * slots, intermediate, dtype=act_dtype, device=x.device)  # [T*slots, I]
-    block_n = min(GATE_UP_BLOCK_N, triton.next_power_of_2(intermediate))
-    block_k = min(GATE_UP_BLOCK_K, triton.next_power_of_2(hidden // 2 if nvfp4 else hidden))
+    block_n = min(gate_up_block_n, triton.next_power_of_2(intermediate))
+    block_k = min(gate_up_block_k, triton.next_power_of_2(hidden // 2 if nvfp4 else hidden))
     x = x.contiguous()
     ids = topk_ids.contiguous()
     _gate_up_kernel[(num_tokens * slots, triton.cdiv(intermediate, block_n))](
         x.view(torch.int32) if half else x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
-        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=LOOP, DECODE=decode,
+        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=loop, DECODE=decode,
         **gate_up_shared,
     )
     if act.dtype != x.dtype:
         act = act.to(x.dtype).to(act_dtype)  # round-to-nearest-even into x's dtype, as on the GPU
     if half:
         act = act.to(x.dtype).view(torch.int32)
-    block_h = min(DOWN_BLOCK_H, triton.next_power_of_2(hidden))
-    block_i = min(DOWN_BLOCK_I, triton.next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
+    block_h = min(down_block_h, triton.next_power_of_2(hidden))
+    block_i = min(down_block_i, triton.next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
     buffer = staging_buffer(out)
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     _down_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         act, ids, topk_weights.contiguous(), down, down_scale, down_scale_2, target, hidden, intermediate,
-        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i, LOOP=LOOP, DECODE=decode,
+        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i, LOOP=loop, DECODE=decode,
         **down_shared,
     )
     if target is not buffer:

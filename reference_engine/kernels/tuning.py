@@ -5,6 +5,7 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
     {"device": "NVIDIA H200",
      "nvfp4_gemv": [{"tokens": 1, "rows": 12288, "k_bytes": 1024, "config": [1, 16, 256, 1, 4, 1]}, ...],
      "moe_decode": {"LOOP": 1, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 256, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 256, "WORDS": 1},
+     "moe_decode_batch_one": {...the same keys, for one token},
      "gemv_words": 1, "gemm_min_tokens": 16}
 
 GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1). `gemv_words` sets the word reads
@@ -52,6 +53,7 @@ class TuningFile(BaseModel):
     device: str
     nvfp4_gemv: list[GemvEntry] = []
     moe_decode: MoeSettings | None = None
+    moe_decode_batch_one: MoeSettings | None = None  # one token (the tiles that fill the GPU at batch 1 differ)
     gemv_words: int | None = Field(default=None, ge=0, le=2)
     gemm_min_tokens: int | None = Field(default=None, ge=2, le=65)
 
@@ -78,6 +80,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
     if tuning.moe_decode is not None:
         for name, value in tuning.moe_decode.model_dump().items():
             setattr(moe_decode, name, value)
+    if tuning.moe_decode_batch_one is not None:
+        moe_decode.BATCH_ONE = tuple(tuning.moe_decode_batch_one.model_dump().values())
     return tuning
 
 
