@@ -43,8 +43,6 @@ def configs():
     for block_n, block_b, split, loop in ((128, 4, 1, 0), (256, 8, 2, 3), (64, 4, 4, 3)):
         out = "*bf16" if split == 1 else "*fp32"
         yield f"w4a16 half N-block={block_n} blocks={block_b} split={split} loop={loop}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig | {"out_ptr": out}, {"STEPS_PER_SPLIT": 4, "SPLIT_K": split, "BLOCK_N": block_n, "BLOCK_B": block_b, "ROW_SCALES": split == 1, "LOOP": loop, "ASM": True}
-    for block_n, block_b, split in ((256, 8, 8), (64, 8, 1)):  # with programmatic dependent launch: L2 prefetch, wait, release
-        yield f"w4a16 half pdl N-block={block_n} split={split}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig | {"out_ptr": "*fp32" if split > 1 else "*bf16"}, {"STEPS_PER_SPLIT": 2, "SPLIT_K": split, "BLOCK_N": block_n, "BLOCK_B": block_b, "ROW_SCALES": True, "LOOP": 0, "ASM": True, "PDL": True, "PREFETCH_LINES": 1 if split > 1 else 8}
     yield "split-k reduce", nvfp4_gemv._split_k_reduce_kernel, {"workspace_ptr": "*fp32", "out_ptr": "*bf16", "M": I32, "N": I32, "stride_om": I32}, {"SPLIT_K": 4, "BLOCK": 256}
     for (nvfp4, weight, scale, scale_2), loop in itertools.product(((True, "*u8", "*fp8e4nv", "*fp32"), (False, "*bf16", "*bf16", "*bf16")), (0, 1, 3)):
         unshared = {"SHARED": False, "LOOP": loop, "DECODE": 0, "shared_w_ptr": None, "shared_scale_ptr": None, "shared_scale_2_ptr": None}
@@ -68,8 +66,6 @@ def configs():
         yield f"causal conv1d steps={steps}", causal_conv1d._conv_kernel, conv_sig, {"K": 4, "STEPS": steps, "BLOCK_T": causal_conv1d.BLOCK_T, "BLOCK_C": causal_conv1d.BLOCK_C, "LIBDEVICE_EXP": True}
     state_sig = {"x_ptr": "*bf16", "cu_ptr": "*i32", "state_ptr": "*bf16", "final_ptr": "*bf16", "C": I32, "stride_xt": I32, "stride_sb": I32, "stride_sc": I32, "stride_sk": I32, "stride_fb": I32, "stride_fc": I32, "stride_fk": I32}
     yield "causal conv1d final state", causal_conv1d._final_state_kernel, state_sig, {"K": 4, "BLOCK_K": 4, "BLOCK_C": causal_conv1d.BLOCK_C}
-    yield "norm pdl", norms._rms_norm_kernel, {"x_ptr": "*bf16", "residual_ptr": "*bf16", "z_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "residual_out_ptr": "*bf16", "D": I32, "eps": "fp32"}, {"MODE": norms.FUSED_ADD, "BF16": True, "BLOCK_D": 2048, "PDL": True}
-    yield "moe gate_up half pdl", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 8, "BLOCK_K": 256, "PDL": True} | words_unshared | {"DECODE": 3}
     for mode in (norms.PLAIN, norms.FUSED_ADD, norms.GATED):
         yield f"norm mode {mode}", norms._rms_norm_kernel, {"x_ptr": "*bf16", "residual_ptr": "*bf16", "z_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "residual_out_ptr": "*bf16", "D": I32, "eps": "fp32"}, {"MODE": mode, "BF16": True, "BLOCK_D": 2048}
 

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
-from reference_engine.kernels.pdl import _pdl_enter, launch_args
 from reference_engine.ops.registry import satisfies
 from reference_engine.ops.static_attention import check_attention_decode_prep
 
@@ -39,9 +38,8 @@ def _attention_prep_kernel(
     q_gate_ptr, key_ptr, value_ptr, q_norm_ptr, k_norm_ptr, positions_ptr, inv_freq_ptr,
     k_cache_ptr, v_cache_ptr, slots_ptr, query_out_ptr,
     stride_qg, stride_k, stride_v, eps,
-    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROTARY: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROTARY: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    _pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     dims = tl.arange(0, BLOCK_D)
@@ -114,7 +112,7 @@ def attention_decode_prep(
         q_gate, key, value, q_norm, k_norm, positions, inverse_frequencies(q_gate.device, rotary_dim, theta),
         k_target, v_target, slot_mapping, target,
         q_gate.stride(0), key.stride(0), value.stride(0), float(eps),
-        HQ=heads, HKV=kv_heads, D=head_dim, ROTARY=rotary_dim, BLOCK_D=triton.next_power_of_2(head_dim), **launch_args(),
+        HQ=heads, HKV=kv_heads, D=head_dim, ROTARY=rotary_dim, BLOCK_D=triton.next_power_of_2(head_dim),
     )
     if target is not buffer:
         buffer.copy_(target)

@@ -36,7 +36,6 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
-from reference_engine.kernels.pdl import _pdl_enter, launch_args
 from reference_engine.ops.linear_attention import L2_EPS, check_gdn_decode_step
 from reference_engine.ops.registry import satisfies
 
@@ -49,9 +48,8 @@ STEP_WARPS = 8  # a 128 x 128 float32 state tile: 64 registers per thread for th
 def _conv_update_kernel(
     x_ptr, w_ptr, state_ptr, slots_ptr, init_ptr, conv_out_ptr,
     C, stride_xb, stride_xc, stride_ss, stride_sc, stride_sk,
-    K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+    K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     chans = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BC]
     taps = tl.arange(0, BLOCK_K)  # [BK], window position: 0..K-2 cached inputs (oldest first), K-1 the new input
@@ -78,9 +76,8 @@ def _recurrent_norm_kernel(
     stride_ss, stride_sh, stride_sk, stride_sv, stride_ob, stride_oc,
     q_scale, eps,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2_EPS: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2_EPS: tl.constexpr,
 ):
-    _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     key_head = head // (HV // HK)
@@ -154,7 +151,7 @@ def gdn_decode_step(
         mixed_qkv, conv_weight, conv_state, slots, init, conv_out,
         dims.channels, mixed_qkv.stride(0), mixed_qkv.stride(1),
         conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-        K=dims.kernel, BLOCK_C=CONV_BLOCK_C, BLOCK_K=triton.next_power_of_2(dims.kernel), num_warps=CONV_WARPS, **launch_args(),
+        K=dims.kernel, BLOCK_C=CONV_BLOCK_C, BLOCK_K=triton.next_power_of_2(dims.kernel), num_warps=CONV_WARPS,
     )  # fmt: skip
     buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16), else `out`
     _recurrent_norm_kernel[(dims.batch, dims.num_v_heads)](
@@ -164,6 +161,6 @@ def gdn_decode_step(
         buffer.stride(0), buffer.stride(1), float(dims.k_head_dim**-0.5), float(eps),
         HK=dims.num_k_heads, HV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim,
         BLOCK_K=triton.next_power_of_2(dims.k_head_dim), BLOCK_V=triton.next_power_of_2(dims.v_head_dim), L2_EPS=L2_EPS,
-        num_warps=STEP_WARPS, **launch_args(),
+        num_warps=STEP_WARPS,
     )  # fmt: skip
     finish(buffer, out)

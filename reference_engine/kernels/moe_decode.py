@@ -39,7 +39,6 @@ from reference_engine.kernels.launch import (
 )
 from reference_engine.kernels.nvfp4_gemv import _decode_e2m1, _e2m1_word_pair
 from reference_engine.kernels.nvfp4_half_dot import _half_rows_dot
-from reference_engine.kernels.pdl import _pdl_enter, launch_args
 from reference_engine.kernels.router import router_topk_with_shared
 from reference_engine.ops.moe import (
     _check_expert_range,
@@ -150,9 +149,8 @@ def _routed_nvfp4_gate_up(
 def _gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0, PDL: tl.constexpr = False,
+    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
 ):
-    _pdl_enter(PDL)
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K  # slots per token; with SHARED the last one is the shared expert
     pair = tl.program_id(0)  # t * SLOTS + j
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # gate rows; up rows are I + rows
@@ -209,9 +207,8 @@ def _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, pai
 def _down_kernel(
     act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, out_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
-    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0, PDL: tl.constexpr = False,
+    shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
 ):
-    _pdl_enter(PDL)
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K
     token = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -293,7 +290,7 @@ def _launch(
     _gate_up_kernel[(num_tokens * slots, triton.cdiv(intermediate, block_n))](
         x.view(torch.int32) if half else x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=loop, DECODE=decode,
-        **gate_up_shared, **launch_args(),
+        **gate_up_shared,
     )
     if act.dtype != x.dtype:
         act = act.to(x.dtype).to(act_dtype)  # round-to-nearest-even into x's dtype, as on the GPU
@@ -306,7 +303,7 @@ def _launch(
     _down_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         act, ids, topk_weights.contiguous(), down, down_scale, down_scale_2, target, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i, LOOP=loop, DECODE=decode,
-        **down_shared, **launch_args(),
+        **down_shared,
     )
     if target is not buffer:
         buffer.copy_(target)

@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
-from reference_engine.kernels.pdl import _pdl_enter, launch_args
 from reference_engine.ops.norms import _check_norm_inputs, _check_same
 from reference_engine.ops.registry import satisfies
 
@@ -35,8 +34,7 @@ def _round_to_bf16(values):
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, D, eps,
-                     MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
-    _pdl_enter(PDL)
+                     MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
@@ -72,7 +70,7 @@ def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=
     _rms_norm_kernel[(rows,)](
         x_c, residual.contiguous() if residual is not None else x_c, z.contiguous() if z is not None else x_c,
         weight.contiguous(), target, residual_target if residual_target is not None else target, width, float(eps),
-        MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=triton.next_power_of_2(width), **launch_args(),
+        MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=triton.next_power_of_2(width),
     )
     if residual_target is not None and residual_target is not residual_out:
         residual_out.copy_(residual_target)

@@ -66,7 +66,6 @@ from reference_engine.kernels.launch import (
     require_launchable,
     staging_buffer,
 )
-from reference_engine.kernels.pdl import _pdl_enter, launch_args
 
 if TYPE_CHECKING:
     from reference_engine.ops.static_moe import StackedNvfp4Experts
@@ -194,9 +193,8 @@ def _w4a16_gemm_kernel(
     x_ptr, packed_ptr, scale_ptr, scale_2_ptr, out_ptr,
     M, N, stride_xm, stride_om,
     K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
-    EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, DOT_KIND: tl.constexpr, PDL: tl.constexpr = False,
+    EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, DOT_KIND: tl.constexpr,
 ):
-    _pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     tokens = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -252,7 +250,7 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
     _w4a16_gemm_kernel[grid](
         x, packed, scale, scale_2, target, tokens, rows, x.stride(0), target.stride(0),
         K_BYTES=k_bytes, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KB=p.block_kb, EVEN_K=k_bytes % p.block_kb == 0,
-        ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), num_warps=p.num_warps, num_stages=p.num_stages, **launch_args(),
+        ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if target is not buffer:
         buffer.copy_(target)

@@ -25,7 +25,6 @@ from reference_engine.kernels.launch import (
     require_launchable,
     staging_buffer,
 )
-from reference_engine.kernels.pdl import _pdl_enter, launch_args
 from reference_engine.ops.registry import satisfies
 from reference_engine.quant.linear import _check_linear, _check_row_scales
 
@@ -158,9 +157,8 @@ def _w4a16_gemv_kernel(
     M, N, K_BYTES,
     stride_xm, stride_om,
     STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
-    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, WORDS: tl.constexpr = False, ASM: tl.constexpr = False, PDL: tl.constexpr = False,
+    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, WORDS: tl.constexpr = False, ASM: tl.constexpr = False,
 ):
-    _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -194,8 +192,7 @@ def _w4a16_gemv_kernel(
 
 
 @triton.jit
-def _split_k_reduce_kernel(workspace_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    _pdl_enter(PDL)
+def _split_k_reduce_kernel(workspace_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     token = tl.program_id(1)
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < N
@@ -260,11 +257,11 @@ def launch_w4a16_gemv(
         x2d, codes, weight_scale, scale_2, target,
         tokens, rows, k_bytes, x2d.stride(0), out2d.stride(0),
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_KB=block_kb,
-        ROW_SCALES=row_scales, LOOP=loop, WORDS=bool(words), ASM=bool(words) and not interpreting(), num_warps=num_warps, **launch_args(),
+        ROW_SCALES=row_scales, LOOP=loop, WORDS=bool(words), ASM=bool(words) and not interpreting(), num_warps=num_warps,
     )
     if split_k > 1:
         block = 256
-        _split_k_reduce_kernel[(triton.cdiv(rows, block), tokens)](target, out2d, tokens, rows, out2d.stride(0), SPLIT_K=split_k, BLOCK=block, **launch_args())
+        _split_k_reduce_kernel[(triton.cdiv(rows, block), tokens)](target, out2d, tokens, rows, out2d.stride(0), SPLIT_K=split_k, BLOCK=block)
 
 
 def _half_path_ok(x2d: torch.Tensor, weight_packed: torch.Tensor, block_kb: int) -> bool:
@@ -288,11 +285,11 @@ def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_
     _w4a16_gemv_half_kernel[(triton.cdiv(rows, block_n), split_k)](
         x2d.view(torch.int32), weight_packed.view(torch.int64), weight_scale, scale_2, target, rows, k_blocks,
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_N=block_n, BLOCK_B=block_b, ROW_SCALES=row_scales, LOOP=loop,
-        ASM=not interpreting(), num_warps=num_warps, PREFETCH_LINES=triton.next_power_of_2(triton.cdiv(steps_per_split * block_b * 8, 128)), **launch_args(),
+        ASM=not interpreting(), num_warps=num_warps,
     )
     if split_k > 1:
         block = 256
-        _split_k_reduce_kernel[(triton.cdiv(rows, block), 1)](target, out2d, 1, rows, out2d.stride(0), SPLIT_K=split_k, BLOCK=block, **launch_args())
+        _split_k_reduce_kernel[(triton.cdiv(rows, block), 1)](target, out2d, 1, rows, out2d.stride(0), SPLIT_K=split_k, BLOCK=block)
 
 
 def _apply(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,6 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.nvfp4_gemv import _e2m1_word_pair
-from reference_engine.kernels.pdl import _pdl_enter, _prefetch_l2
 
 HALF_RESTORE = 1024.0  # 2^10: decoded float16 codes are E2M1 * 2^-14; times this they are E2M1 * 2^-4
 BLOCK_SUM_SCALE = 16.0  # 2^4: a block sum times this (and the block and tensor scales) is the dot product
@@ -156,22 +155,15 @@ def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block
 def _w4a16_gemv_half_kernel(
     x32_ptr, blocks_ptr, scale_ptr, scale_2_ptr, out_ptr, N, K_BLOCKS,
     STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr, PDL: tl.constexpr = False, PREFETCH_LINES: tl.constexpr = 1,
+    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr,
 ):
     """One token: out[n] = sum_k x[k] W[n, k]. Grid (cdiv(N, BLOCK_N), SPLIT_K); BLOCK_B scale blocks
-    (16 elements, 8 bytes) per row per step. Split-K partials go to a float32 workspace [SPLIT_K, 1, N].
-    With PDL the program first prefetches its weight slice into L2 (PREFETCH_LINES 128-byte lines per row,
-    a power of 2 covering STEPS_PER_SPLIT * BLOCK_B blocks) while the previous kernel still runs."""
+    (16 elements, 8 bytes) per row per step. Split-K partials go to a float32 workspace [SPLIT_K, 1, N]."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     rows64 = rows.to(tl.int64)
-    if PDL:  # weights do not depend on earlier kernels: start streaming them before the wait
-        lines = pid_k * STEPS_PER_SPLIT * BLOCK_B + tl.arange(0, PREFETCH_LINES) * 16  # first block of each line
-        lines = tl.minimum(lines, K_BLOCKS - 1)
-        _prefetch_l2(blocks_ptr + tl.where(row_ok, rows64, 0)[:, None] * K_BLOCKS + lines[None, :])
-    _pdl_enter(PDL)
     if ROW_SCALES:
         scale_2 = tl.load(scale_2_ptr + rows, mask=row_ok, other=0.0) * 16.0
     else:

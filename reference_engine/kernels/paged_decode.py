@@ -23,7 +23,6 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
-from reference_engine.kernels.pdl import _pdl_enter, launch_args
 from reference_engine.ops.attention import _check_like, _check_paged, _require
 from reference_engine.ops.registry import satisfies
 from reference_engine.ops.static_moe import capturing
@@ -37,9 +36,8 @@ def _paged_split_kernel(
     MAX_BLOCKS, SPLITS,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     TOKENS_PER_SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr = False,
+    IEEE: tl.constexpr,
 ):
-    _pdl_enter(PDL)
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -84,8 +82,7 @@ def _paged_split_kernel(
 
 @triton.jit
 def _combine_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, gate_ptr, stride_gate, SPLITS, HQ: tl.constexpr, HKV: tl.constexpr,
-                    D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, GATED: tl.constexpr, PDL: tl.constexpr = False):
-    _pdl_enter(PDL)
+                    D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, GATED: tl.constexpr):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     G = HQ // HKV
@@ -153,14 +150,14 @@ def _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate) -
         query.contiguous(), k_cache.contiguous(), v_cache.contiguous(), tables, lens, part_acc, part_m, part_l, float(scale),
         tables.shape[1], splits,
         HQ=query_heads, HKV=kv_heads, D=head_dim, BS=block_size, TOKENS_PER_SPLIT=tokens_per_split, BLOCK_T=block_t,
-        BLOCK_G=block_g, BLOCK_D=block_d, IEEE=query.dtype == torch.float32, **launch_args(),
+        BLOCK_G=block_g, BLOCK_D=block_d, IEEE=query.dtype == torch.float32,
     )
     buffer = staging_buffer(out)
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
     _combine_kernel[(batch, query_heads)](
         part_acc, part_m, part_l, target, query if gate is None else gate, 0 if gate is None else gate.stride(0), splits,
         HQ=query_heads, HKV=kv_heads, D=head_dim, BLOCK_S=triton.next_power_of_2(splits), BLOCK_G=block_g, BLOCK_D=block_d,
-        GATED=gate is not None, **launch_args(),
+        GATED=gate is not None,
     )
     if target is not buffer:
         buffer.copy_(target)

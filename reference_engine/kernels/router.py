@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import require_launchable
-from reference_engine.kernels.pdl import _pdl_enter, launch_args
 from reference_engine.ops.moe import _check_out, _require, check_router_with_shared
 from reference_engine.ops.registry import satisfies
 
@@ -29,9 +28,8 @@ from reference_engine.ops.registry import satisfies
 @triton.jit
 def _router_topk_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, stride_t, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    WITH_SHARED: tl.constexpr = False, PDL: tl.constexpr = False,
+    WITH_SHARED: tl.constexpr = False,
 ):
-    _pdl_enter(PDL)
     token = tl.program_id(0).to(tl.int64)
     ROW: tl.constexpr = TOP_K + 1 if WITH_SHARED else TOP_K  # output row width
     experts = tl.arange(0, BLOCK_E)
@@ -86,7 +84,7 @@ def _launch(router_logits, topk_weights, topk_ids, num_experts: int, top_k: int,
     ids = topk_ids if topk_ids.is_contiguous() else torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
     _router_topk_kernel[(num_tokens,)](
         logits, weights, ids, num_experts, logits.stride(0),
-        TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k), WITH_SHARED=with_shared, **launch_args(),
+        TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k), WITH_SHARED=with_shared,
     )
     if weights is not topk_weights:
         topk_weights.copy_(weights)

@@ -179,29 +179,6 @@ def test_graph_replay_with_triton_kernels_matches_static_torch_on_cuda() -> None
     assert error < 5e-2, f"first decode step with Triton kernels differs from torch: relative error {error:.2e}"
 
 
-@pytest.mark.cuda
-def test_programmatic_dependent_launch_changes_no_logit_on_cuda(monkeypatch) -> None:
-    """The decode graphs with the Triton kernels, launched with PDL (`kernels/pdl.py`: each kernel waits for the
-    previous one, the batch-1 GEMV prefetches its weights before the wait) and without: identical logits."""
-    from reference_engine.kernels import moe_decode, nvfp4_gemv, pdl, tuning
-
-    model = build_preset("tiny", device="cuda", dtype=torch.bfloat16, quantize="nvfp4", seed=3)
-    prompts = _prompts(5, model.config.vocab_size, seed=11)
-    monkeypatch.setattr(tuning, "apply_for_device", lambda name: None)  # this test sets the switches itself
-    monkeypatch.setattr(nvfp4_gemv, "WORDS", 2)  # batch 1: the packed-float16 GEMV with its L2 prefetch
-    monkeypatch.setattr(moe_decode, "WORDS", 2)
-    for batch in ([prompts[0]], prompts + prompts[:1]):  # batch 1, and 6 sequences in a padded bucket
-        results = {}
-        for on in (False, True):
-            monkeypatch.setattr(pdl, "PDL", on)
-            results[on] = _decode_logits(model, "graphs", batch, steps=5, device="cuda", use_triton=True)
-        (tokens_off, logits_off, _), (tokens_on, logits_on, engine) = results[False], results[True]
-        assert engine.runner.decoder.captured_buckets, "no graph was captured"
-        assert tokens_on == tokens_off and len(logits_on) == len(logits_off) > 0
-        for off, on in zip(logits_off, logits_on):
-            assert torch.equal(off, on), f"PDL changed the logits (batch {len(batch)}): max difference {(on - off).abs().max():.3e}"
-
-
 _TRITON_STATIC_SCRIPT = r"""
 import dataclasses, torch
 import reference_engine.runner as runner
