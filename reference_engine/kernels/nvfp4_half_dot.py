@@ -153,12 +153,17 @@ def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block
 
 @triton.jit
 def _w4a16_gemv_half_kernel(
-    x32_ptr, blocks_ptr, scale_ptr, scale_2_ptr, out_ptr, N, K_BLOCKS,
+    x32_ptr, blocks_ptr, scale_ptr, scale_2_ptr, out_ptr, workspace_ptr, counter_ptr, N, K_BLOCKS,
     STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr,
 ):
     """One token: out[n] = sum_k x[k] W[n, k]. Grid (cdiv(N, BLOCK_N), SPLIT_K); BLOCK_B scale blocks
-    (16 elements, 8 bytes) per row per step. Split-K partials go to a float32 workspace [SPLIT_K, 1, N]."""
+    (16 elements, 8 bytes) per row per step.
+
+    Split-K without a second launch: each program stores its float32 partial sums in `workspace [SPLIT_K, N]`,
+    then takes a ticket from its row block's counter (`counter_ptr [cdiv(N, BLOCK_N)]` int32, zero between
+    calls). The program that draws the last ticket sums the SPLIT_K partials in split order (the result does
+    not depend on which program finishes last), writes `out` and puts the counter back to zero."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -179,4 +184,12 @@ def _w4a16_gemv_half_kernel(
     if SPLIT_K == 1:
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
     else:
-        tl.store(out_ptr + pid_k * N + rows, acc, mask=row_ok)
+        tl.store(workspace_ptr + pid_k * N + rows, acc, mask=row_ok)
+        tl.debug_barrier()  # every thread's partials are stored before the ticket is taken (release, GPU scope)
+        ticket = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:  # the last program of this row block: all partials are visible (acquire)
+            total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            for split in range(SPLIT_K):
+                total += tl.load(workspace_ptr + split * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
+            tl.store(counter_ptr + pid_n, 0)

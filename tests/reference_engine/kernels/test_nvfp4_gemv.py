@@ -54,8 +54,8 @@ for tokens, config in ((1, (1, 16, 64, 2, 4, 0, 1)), (3, (4, 8, 32, 1, 4, 1, 1))
         assert float((swapped.double() - byte_out.double()).norm() / byte_out.double().norm()) > 0.1
 
 # Packed float16 pairs (WORDS 2: one bfloat16 token, int64 scale blocks; the interpreter runs its integer
-# form) against the byte-read kernel, with split-K, per-row tensor scales and N not a multiple of the row
-# block; a float32 token falls back to word reads. Known-wrong: nibbles swapped.
+# form) against the byte-read kernel, with split-K (reduced in-kernel by the last program of a row block),
+# per-row tensor scales and N not a multiple of the row block; a float32 token falls back to word reads. Known-wrong: nibbles swapped.
 for config in ((1, 16, 64, 2, 4, 0, 2), (1, 32, 32, 1, 4, 3, 2), (1, 64, 16, 4, 4, 0, 2)):
     for scale_2_in in (scale_2, torch.rand(40, generator=g) + 0.5):
         x = torch.randn(1, 1024, generator=g).bfloat16()
@@ -69,6 +69,9 @@ for config in ((1, 16, 64, 2, 4, 0, 2), (1, 32, 32, 1, 4, 3, 2), (1, 64, 16, 4, 
         swapped = torch.full((1, 40), float("nan"))
         nvfp4_gemv.launch_w4a16_gemv(x, (packed >> 4) | (packed << 4), scale, scale_2_in, swapped, config=config)
         assert float((swapped.double() - byte_out.double()).norm() / byte_out.double().norm()) > 0.1
+    again = torch.full((1, 40), float("nan"))  # the split-K tickets were put back to zero: a second call is complete and equal
+    nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2_in, again, config=config)
+    assert torch.equal(again, half_out) and int(nvfp4_gemv._COUNTERS[x.device].abs().sum()) == 0
     fallback = torch.full((1, 40), float("nan"))
     nvfp4_gemv.launch_w4a16_gemv(x.float(), packed, scale, scale_2, fallback, config=config)
     reference = torch.full((1, 40), float("nan"))
