@@ -43,3 +43,18 @@ def finish(buffer: torch.Tensor, out: torch.Tensor) -> None:
     """Round the staging buffer into `out` (no-op when the kernel wrote `out` directly)."""
     if buffer is not out:
         out.copy_(buffer)
+
+
+_TICKETS: dict[torch.device, torch.Tensor] = {}
+
+
+def ticket_counters(device: torch.device, count: int) -> torch.Tensor:
+    """Zeroed int32 counters for kernels whose last program finishes a reduction (it draws the last ticket
+    and puts its counter back to zero), kept per device. Kernels on one stream run one after another, so
+    they share these; allocated outside graph capture on first use (a capture that grows them records the
+    zeroing, which is then repeated at every replay: still correct)."""
+    counters = _TICKETS.get(device)
+    if counters is None or counters.numel() < count:
+        counters = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+        _TICKETS[device] = counters
+    return counters

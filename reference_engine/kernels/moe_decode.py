@@ -21,8 +21,10 @@ scales `[2I, H/16]`, tensor scales `[2]`; down `[H, I/2]`, `[H, I/16]`, `[]`, pa
 pointers, so the routed stack is never copied). The gate/up grid grows to T * (top_k + 1) pairs (a
 uniform branch per program picks the shared tensors) and the down kernel adds
 sigmoid(gate logit) * shared(x_t) to the same float32 sum: the block's output comes out of one kernel.
-`moe_block_decode` runs the whole block in four launches: the router GEMV over `[E+1, H]` (routed
-rows and the shared expert's gate row), `router_topk_with_shared`, and the two kernels here.
+`moe_block_decode` runs the whole block in three launches up to `FUSED_ROUTER_MAX_TOKENS` tokens (the router
+logits over `[E+1, H]`, routed rows and the shared expert's gate row, and the top-k in one kernel,
+`router.router_gemv_topk_with_shared`; then the two kernels here), in four above it (cuBLAS logits, then
+`router_topk_with_shared`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,11 @@ from reference_engine.kernels.launch import (
 )
 from reference_engine.kernels.nvfp4_gemv import _decode_e2m1, _e2m1_word_pair
 from reference_engine.kernels.nvfp4_half_dot import _half_rows_dot
-from reference_engine.kernels.router import router_topk_with_shared
+from reference_engine.kernels.router import (
+    FUSED_ROUTER_MAX_TOKENS,
+    router_gemv_topk_with_shared,
+    router_topk_with_shared,
+)
 from reference_engine.ops.moe import (
     _check_expert_range,
     _check_out,
@@ -401,10 +407,13 @@ def moe_block_decode(
     check_moe_block_decode(x, router_weight, experts, shared, top_k, out)
     require_launchable(x, router_weight, out)
     num_tokens = x.shape[0]
-    logits = torch.nn.functional.linear(x, router_weight)  # [T, E+1]
     topk_weights = torch.empty(num_tokens, top_k + 1, dtype=torch.float32, device=x.device)
     topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
-    router_topk_with_shared(logits, topk_weights, topk_ids, top_k)
+    if num_tokens <= FUSED_ROUTER_MAX_TOKENS and x.is_contiguous() and router_weight.is_contiguous():
+        router_gemv_topk_with_shared(x, router_weight, topk_weights, topk_ids, top_k)  # logits and top-k, one launch
+    else:
+        logits = torch.nn.functional.linear(x, router_weight)  # [T, E+1]
+        router_topk_with_shared(logits, topk_weights, topk_ids, top_k)
     routed = [getattr(experts, name).contiguous() for name in _STACKED]
     shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
     require_launchable(x, *routed, *vars(shared_tensors).values())

@@ -24,6 +24,7 @@ from reference_engine.kernels.launch import (
     interpreting,
     require_launchable,
     staging_buffer,
+    ticket_counters,
 )
 from reference_engine.ops.registry import satisfies
 from reference_engine.quant.linear import _check_linear, _check_row_scales
@@ -285,25 +286,13 @@ def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_
     workspace, counters = out2d, out2d  # unused without split-K
     if split_k > 1:
         workspace = torch.empty((split_k, rows), dtype=torch.float32, device=x2d.device)
-        counters = _split_counters(x2d.device, row_blocks)
+        counters = ticket_counters(x2d.device, row_blocks)
     _w4a16_gemv_half_kernel[(row_blocks, split_k)](
         x2d.view(torch.int32), weight_packed.view(torch.int64), weight_scale, scale_2, out2d, workspace, counters, rows, k_blocks,
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_N=block_n, BLOCK_B=block_b, ROW_SCALES=row_scales, LOOP=loop,
         ASM=not interpreting(), num_warps=num_warps,
     )
 
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device, count: int) -> torch.Tensor:
-    """Zeroed int32 tickets for the in-kernel split-K reduction, one per row block, kept per device (each
-    kernel leaves them at zero; calls on one stream run one after another, so they can share them)."""
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < count:
-        counters = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[device] = counters
-    return counters
 
 
 def _apply(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

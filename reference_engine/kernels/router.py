@@ -20,21 +20,22 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import require_launchable
+from reference_engine.kernels.launch import require_launchable, ticket_counters
 from reference_engine.ops.moe import _check_out, _require, check_router_with_shared
 from reference_engine.ops.registry import satisfies
 
 
 @triton.jit
-def _router_topk_kernel(
-    logits_ptr, weights_ptr, ids_ptr, E, stride_t, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    WITH_SHARED: tl.constexpr = False,
-):
-    token = tl.program_id(0).to(tl.int64)
-    ROW: tl.constexpr = TOP_K + 1 if WITH_SHARED else TOP_K  # output row width
+def _topk_row(logits_row, weights_row, ids_row, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+              WITH_SHARED: tl.constexpr, COHERENT: tl.constexpr):
+    """One token's top-k from its logits row (pointers to the row and to its output rows). COHERENT: read the
+    logits from L2 (other programs of the same kernel wrote them)."""
     experts = tl.arange(0, BLOCK_E)
     valid = experts < E
-    logits = tl.load(logits_ptr + token * stride_t + experts, mask=valid, other=float("-inf")).to(tl.float32)  # [BE]
+    if COHERENT:
+        logits = tl.load(logits_row + experts, mask=valid, other=float("-inf"), cache_modifier=".cg").to(tl.float32)  # [BE]
+    else:
+        logits = tl.load(logits_row + experts, mask=valid, other=float("-inf")).to(tl.float32)  # [BE]
     taken = experts >= E
     slots = tl.arange(0, BLOCK_K)
     chosen_ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
@@ -50,12 +51,55 @@ def _router_topk_kernel(
     numerators = tl.where(slots < TOP_K, tl.exp(chosen_logits - top), 0.0)
     weights = numerators / tl.sum(numerators, axis=0)
     keep = slots < TOP_K
-    tl.store(weights_ptr + token * ROW + slots, weights, mask=keep)
-    tl.store(ids_ptr + token * ROW + slots, chosen_ids, mask=keep)
+    tl.store(weights_row + slots, weights, mask=keep)
+    tl.store(ids_row + slots, chosen_ids, mask=keep)
     if WITH_SHARED:
-        shared_logit = tl.load(logits_ptr + token * stride_t + E).to(tl.float32)
-        tl.store(weights_ptr + token * ROW + TOP_K, tl.sigmoid(shared_logit))
-        tl.store(ids_ptr + token * ROW + TOP_K, E)
+        if COHERENT:
+            shared_logit = tl.load(logits_row + E, cache_modifier=".cg").to(tl.float32)
+        else:
+            shared_logit = tl.load(logits_row + E).to(tl.float32)
+        tl.store(weights_row + TOP_K, tl.sigmoid(shared_logit))
+        tl.store(ids_row + TOP_K, E)
+
+
+@triton.jit
+def _router_topk_kernel(
+    logits_ptr, weights_ptr, ids_ptr, E, stride_t, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    WITH_SHARED: tl.constexpr = False,
+):
+    token = tl.program_id(0).to(tl.int64)
+    ROW: tl.constexpr = TOP_K + 1 if WITH_SHARED else TOP_K
+    _topk_row(logits_ptr + token * stride_t, weights_ptr + token * ROW, ids_ptr + token * ROW, E, TOP_K, BLOCK_E, BLOCK_K, WITH_SHARED, False)
+
+
+@triton.jit
+def _router_gemv_topk_kernel(
+    x_ptr, w_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, E, H: tl.constexpr,
+    TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, ROW_BLOCKS: tl.constexpr,
+):
+    """Router logits and the top-k with the shared slot in one launch. Grid (ROW_BLOCKS, T): program (r, t)
+    computes logits rows r*BLOCK_R.. of token t (float32 sums over H, rounded to x's dtype as F.linear
+    returns them) into `logits [T, E+1]`, then takes a ticket from the token's counter; the program that
+    draws the last one runs `_topk_row` over the finished row and puts the counter back to zero."""
+    block = tl.program_id(0)
+    token = tl.program_id(1).to(tl.int64)
+    rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows <= E  # E routed rows and the shared expert's gate row
+    cols = tl.arange(0, BLOCK_H)
+    acc = tl.zeros((BLOCK_R, BLOCK_H), dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        ok = (h0 + cols) < H
+        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * H + (h0 + cols)[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
+        xv = tl.load(x_ptr + token * H + h0 + cols, mask=ok, other=0.0)
+        acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
+    logits = tl.sum(acc, axis=1)
+    tl.store(logits_ptr + token * (E + 1) + rows, logits.to(logits_ptr.dtype.element_ty), mask=row_ok)
+    tl.debug_barrier()  # every thread's logits are stored before the ticket is taken (release, GPU scope)
+    ticket = tl.atomic_add(counter_ptr + token, 1, sem="acq_rel", scope="gpu")
+    if ticket == ROW_BLOCKS - 1:
+        ROW: tl.constexpr = TOP_K + 1
+        _topk_row(logits_ptr + token * (E + 1), weights_ptr + token * ROW, ids_ptr + token * ROW, E, TOP_K, BLOCK_E, BLOCK_K, True, True)
+        tl.store(counter_ptr + token, 0)
 
 
 @satisfies("moe/router-topk", major=1, devices=("cuda",), backend="triton")
@@ -90,6 +134,32 @@ def _launch(router_logits, topk_weights, topk_ids, num_experts: int, top_k: int,
         topk_weights.copy_(weights)
     if ids is not topk_ids:
         topk_ids.copy_(ids)
+
+
+ROUTER_ROWS, ROUTER_BLOCK_H = 4, 512  # fused router: logits rows per program, columns per step
+FUSED_ROUTER_MAX_TOKENS = 4  # up to this many tokens `moe_block_decode` computes the logits and the top-k in one launch
+
+
+def router_gemv_topk_with_shared(
+    x: torch.Tensor,  # [T, H]
+    router_weight: torch.Tensor,  # [E+1, H]: routed rows, then the shared expert's gate row
+    topk_weights: torch.Tensor,  # [T, top_k + 1] float32
+    topk_ids: torch.Tensor,  # [T, top_k + 1] int32
+    top_k: int,
+) -> None:
+    """`router_topk_with_shared(F.linear(x, router_weight), ...)` in one launch; inputs as `moe_block_decode`
+    checks them (contiguous x and weight of one dtype, contiguous outputs). Writes every output slot."""
+    num_tokens, hidden = x.shape
+    num_experts = router_weight.shape[0] - 1
+    if num_tokens == 0:
+        return
+    logits = torch.empty(num_tokens, num_experts + 1, dtype=x.dtype, device=x.device)
+    row_blocks = triton.cdiv(num_experts + 1, ROUTER_ROWS)
+    _router_gemv_topk_kernel[(row_blocks, num_tokens)](
+        x, router_weight, logits, ticket_counters(x.device, num_tokens), topk_weights, topk_ids, num_experts, hidden,
+        TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
+        BLOCK_R=ROUTER_ROWS, BLOCK_H=min(ROUTER_BLOCK_H, triton.next_power_of_2(hidden)), ROW_BLOCKS=row_blocks,
+    )
 
 
 def router_topk_with_shared(

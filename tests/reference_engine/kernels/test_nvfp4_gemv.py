@@ -20,7 +20,7 @@ CAUGHT = {"INCORRECT_NUMERICAL", "UNWRITTEN_OUTPUT"}
 # against the torch op, float32 and bfloat16.
 BATCH_ONE_SCRIPT = """
 import torch
-from reference_engine.kernels import nvfp4_gemv
+from reference_engine.kernels import launch, nvfp4_gemv
 from reference_engine.quant.linear import w4a16_linear
 from reference_engine.quant.nvfp4 import quantize_nvfp4
 
@@ -71,7 +71,7 @@ for config in ((1, 16, 64, 2, 4, 0, 2), (1, 32, 32, 1, 4, 3, 2), (1, 64, 16, 4, 
         assert float((swapped.double() - byte_out.double()).norm() / byte_out.double().norm()) > 0.1
     again = torch.full((1, 40), float("nan"))  # the split-K tickets were put back to zero: a second call is complete and equal
     nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2_in, again, config=config)
-    assert torch.equal(again, half_out) and int(nvfp4_gemv._COUNTERS[x.device].abs().sum()) == 0
+    assert torch.equal(again, half_out) and int(launch._TICKETS[x.device].abs().sum()) == 0
     fallback = torch.full((1, 40), float("nan"))
     nvfp4_gemv.launch_w4a16_gemv(x.float(), packed, scale, scale_2, fallback, config=config)
     reference = torch.full((1, 40), float("nan"))

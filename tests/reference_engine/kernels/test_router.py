@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_interpreter import assert_all_passed, contract_records
+from kernel_interpreter import (
+    assert_all_passed,
+    assert_script_ok,
+    contract_records,
+    interpreter_run,
+)
 
 CONTRACT = "moe/router-topk"
 IMPL = "reference_engine.kernels.router:router_topk"
@@ -46,3 +51,54 @@ def test_matches_the_torch_op_on_cuda(tokens):
     triton_router(logits, weights, ids, 8)
     assert torch.equal(ids, expected_ids)
     torch.testing.assert_close(weights, expected_weights, rtol=1e-5, atol=1e-6)
+
+
+# The fused router of `moe_block_decode` (logits and top-k with the shared slot in one launch; the last
+# program of a token draws the last ticket and runs the top-k) against F.linear + the torch op, float32 so
+# that no rounding separates them: same ids, same weights, every slot written, tickets back at zero (a
+# second call is complete and equal).
+FUSED_SCRIPT = """
+import torch
+from reference_engine.kernels import launch, router
+from reference_engine.ops import moe
+
+g = torch.Generator().manual_seed(5)
+for tokens, experts, hidden, top_k in ((1, 16, 64, 4), (3, 20, 96, 6)):  # 20 + 1 rows: a partial row block
+    x = torch.randn(tokens, hidden, generator=g)
+    weight = torch.randn(experts + 1, hidden, generator=g) * 0.3
+    want_w, want_i = torch.empty(tokens, top_k + 1), torch.empty(tokens, top_k + 1, dtype=torch.int32)
+    moe.router_topk_with_shared(torch.nn.functional.linear(x, weight), want_w, want_i, top_k)
+    results = []
+    for _ in range(2):
+        got_w, got_i = torch.full((tokens, top_k + 1), float("nan")), torch.full((tokens, top_k + 1), -7, dtype=torch.int32)
+        router.router_gemv_topk_with_shared(x, weight, got_w, got_i, top_k)
+        assert torch.equal(got_i, want_i), (got_i, want_i)
+        torch.testing.assert_close(got_w, want_w, rtol=1e-5, atol=1e-6)
+        results.append((got_w, got_i))
+    assert int(launch._TICKETS[x.device].abs().sum()) == 0
+print("ok")
+"""
+
+
+def test_fused_router_gemv_topk_matches_the_torch_ops_under_the_interpreter():
+    assert_script_ok(interpreter_run({}, FUSED_SCRIPT))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_fused_router_gemv_topk_matches_the_torch_ops_on_cuda(tokens):
+    from reference_engine.kernels import launch
+    from reference_engine.kernels.router import router_gemv_topk_with_shared
+    from reference_engine.ops.moe import router_topk_with_shared
+
+    generator = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, 2048, generator=generator, device="cuda")  # float32: no rounding between the two paths
+    weight = torch.randn(257, 2048, generator=generator, device="cuda") * 2048**-0.5
+    want_w, want_i = torch.empty(tokens, 9, device="cuda"), torch.empty(tokens, 9, dtype=torch.int32, device="cuda")
+    router_topk_with_shared(torch.nn.functional.linear(x, weight), want_w, want_i, 8)
+    for _ in range(2):  # the tickets are back at zero after each call
+        got_w, got_i = torch.full_like(want_w, float("nan")), torch.full_like(want_i, -1)
+        router_gemv_topk_with_shared(x, weight, got_w, got_i, 8)
+        assert torch.equal(got_i, want_i)
+        torch.testing.assert_close(got_w, want_w, rtol=1e-4, atol=1e-5)
+    assert int(launch._TICKETS[x.device].abs().sum()) == 0
