@@ -1,8 +1,9 @@
 """Fused MoE router: softmax (float32) + top-k + renormalise, one program per token (contract moe/router-topk).
 
 The program loads the token's E logits once (E = 256 fits one block), then picks top_k times the
-largest remaining logit, the lowest index among equal ones (a `taken` mask, so -inf logits and
-repeated values cannot select an expert twice). Selecting on logits equals selecting on the
+largest remaining logit, the lowest index among equal ones, with one max-reduction per pick over
+int64 keys (the logit's float bits made order-preserving, then the reversed index); a chosen key is
+replaced by the smallest int64, so -inf logits and repeated values cannot select an expert twice. Selecting on logits equals selecting on the
 float32 probabilities except for logits within an ulp of each other. The weights are
 exp(l_i - l_max) over their sum across the chosen experts: the full softmax's normaliser cancels
 in the renormalisation, so it is never computed. Rows come out in decreasing order, ties toward
@@ -36,17 +37,23 @@ def _topk_row(logits_row, weights_row, ids_row, E, TOP_K: tl.constexpr, BLOCK_E:
         logits = tl.load(logits_row + experts, mask=valid, other=float("-inf"), cache_modifier=".cg").to(tl.float32)  # [BE]
     else:
         logits = tl.load(logits_row + experts, mask=valid, other=float("-inf")).to(tl.float32)  # [BE]
-    taken = experts >= E
+    # One reduction per pick: a signed int64 key orders like the logit (float bits made monotone in the high
+    # word) and, among equal logits, puts the lower index first (BLOCK_E - 1 - index in the low word).
+    bits = logits.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    keys = (ordered.to(tl.int64) << 32) | (BLOCK_E - 1 - experts).to(tl.int64)
+    keys = tl.where(valid, keys, -9223372036854775807 - 1)  # padding columns: never chosen before a real expert
     slots = tl.arange(0, BLOCK_K)
     chosen_ids = tl.zeros((BLOCK_K,), dtype=tl.int32)
     chosen_logits = tl.full((BLOCK_K,), float("-inf"), dtype=tl.float32)
     for slot in range(TOP_K):
-        remaining = tl.where(taken, float("-inf"), logits)
-        best = tl.max(remaining, axis=0)
-        index = tl.min(tl.where((remaining == best) & (~taken), experts, BLOCK_E), axis=0)
-        taken = taken | (experts == index)
+        best = tl.max(keys, axis=0)
+        index = (BLOCK_E - 1 - (best & 0xFFFFFFFF)).to(tl.int32)
+        high = (best >> 32).to(tl.int32)
+        value = (high ^ ((high >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        keys = tl.where(experts == index, -9223372036854775807 - 1, keys)
         chosen_ids = tl.where(slots == slot, index, chosen_ids)
-        chosen_logits = tl.where(slots == slot, best, chosen_logits)
+        chosen_logits = tl.where(slots == slot, value, chosen_logits)
     top = tl.max(chosen_logits, axis=0)
     numerators = tl.where(slots < TOP_K, tl.exp(chosen_logits - top), 0.0)
     weights = numerators / tl.sum(numerators, axis=0)
@@ -136,7 +143,7 @@ def _launch(router_logits, topk_weights, topk_ids, num_experts: int, top_k: int,
         topk_ids.copy_(ids)
 
 
-ROUTER_ROWS, ROUTER_BLOCK_H = 4, 512  # fused router: logits rows per program, columns per step
+ROUTER_ROWS, ROUTER_BLOCK_H = 2, 2048  # fused router: logits rows per program, columns per step (H = 2048: one step)
 FUSED_ROUTER_MAX_TOKENS = 4  # up to this many tokens `moe_block_decode` computes the logits and the top-k in one launch
 
 
