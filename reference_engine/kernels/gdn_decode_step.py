@@ -12,7 +12,7 @@ scratch `conv_out [B, C]`, and shifts the cached inputs left by one in place (th
 computed from the loaded window, so the store depends on the load). No two programs of a real row
 touch the same conv-state entry.
 
-Launch 2, `_recurrent_norm_kernel`, grid (B, Hv): the program for (sequence b, value head h) reads
+Launch 2, `_recurrent_norm_kernel`, grid (B, Hv[, split]): the program for (sequence b, value head h) reads
 q, k of key head h // (Hv / Hk) and v of head h from `conv_out`, L2-normalises q and k in float32
 (x * rsqrt(sum x^2 + 1e-6), q also scaled by Dk^-0.5), computes g = -exp(A_log) softplus(a + dt_bias)
 and beta = sigmoid(b), then with its whole [Dk, Dv] float32 state tile in registers:
@@ -22,7 +22,10 @@ A second launch is needed because its programs read conv outputs that other prog
 produce. The norm needs all Dv outputs of a head, so one program holds the whole head: a single
 [Dk, Dv] tile (at 128 x 128 fp32, 64 values per thread with num_warps=8) rather than a loop over
 Dk chunks, so the state is read from HBM once and every load of it is in flight at once (at batch 1
-there are only Hv = 32 programs, so per-program memory parallelism decides the time).
+there are only Hv = 32 programs, so per-program memory parallelism decides the time). Below
+`STEP_SPLIT_BELOW` (row, head) pairs the head's value columns are split over `STEP_SPLIT` programs instead
+(the state columns are independent); each stores its o part in a float32 scratch and takes a ticket, and
+the program drawing the last ticket applies the gated norm over the whole head and resets the counter.
 
 Differences from the torch op: conv outputs stay float32 (the torch op rounds them to the model
 dtype) and o enters the norm in float32 (the torch op rounds it first). Padding rows that share one
@@ -35,13 +38,16 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.kernels.launch import finish, require_launchable, staging_buffer, ticket_counters
 from reference_engine.ops.linear_attention import L2_EPS, check_gdn_decode_step
 from reference_engine.ops.registry import satisfies
 
 CONV_BLOCK_C = 128  # channels per conv program: C = 8192 gives 64 programs per sequence
 CONV_WARPS = 4
 STEP_WARPS = 8  # a 128 x 128 float32 state tile: 64 registers per thread for the tile
+# Few programs (batch 1: Hv = 32) leave most multiprocessors idle: below STEP_SPLIT_BELOW (row, head) pairs each
+# head's value columns are split over STEP_SPLIT programs, and the last one of a head applies the gated norm.
+STEP_SPLIT, STEP_SPLIT_BELOW, SPLIT_WARPS = 4, 128, 4
 
 
 @triton.jit
@@ -71,18 +77,19 @@ def _conv_update_kernel(
 
 @triton.jit
 def _recurrent_norm_kernel(
-    conv_out_ptr, z_ptr, b_ptr, a_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, slots_ptr, init_ptr, out_ptr,
+    conv_out_ptr, z_ptr, b_ptr, a_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, slots_ptr, init_ptr, out_ptr, o_ptr, counter_ptr,
     stride_zb, stride_zc, stride_bb, stride_bh, stride_ab, stride_ah,
     stride_ss, stride_sh, stride_sk, stride_sv, stride_ob, stride_oc,
     q_scale, eps,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2_EPS: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2_EPS: tl.constexpr, SPLIT: tl.constexpr = 1, BLOCK_DV: tl.constexpr = 0,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    part = tl.program_id(2)  # value columns part * BLOCK_V.. of the head (SPLIT > 1)
     key_head = head // (HV // HK)
     dk = tl.arange(0, BLOCK_K)
-    dv = tl.arange(0, BLOCK_V)
+    dv = part * BLOCK_V + tl.arange(0, BLOCK_V)
     k_ok = dk < DK
     v_ok = dv < DV
     base = conv_out_ptr + row * (2 * HK * DK + HV * DV)  # conv_out [B, C] float32, contiguous
@@ -109,12 +116,29 @@ def _recurrent_norm_kernel(
     tl.store(state_ptr + offsets, s, mask=mask)
     o = tl.sum(s * q[:, None], axis=0)  # [BV] float32, zero in masked columns
 
-    inv_rms = tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
-    cols = head * DV + dv
-    z = tl.load(z_ptr + row * stride_zb + cols * stride_zc, mask=v_ok, other=0.0).to(tl.float32)
-    weight = tl.load(norm_w_ptr + dv, mask=v_ok, other=0.0).to(tl.float32)
-    y = weight * (o * inv_rms) * (z * tl.sigmoid(z))
-    tl.store(out_ptr + row * stride_ob + cols * stride_oc, y.to(out_ptr.dtype.element_ty), mask=v_ok)
+    if SPLIT == 1:
+        inv_rms = tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
+        cols = head * DV + dv
+        z = tl.load(z_ptr + row * stride_zb + cols * stride_zc, mask=v_ok, other=0.0).to(tl.float32)
+        weight = tl.load(norm_w_ptr + dv, mask=v_ok, other=0.0).to(tl.float32)
+        y = weight * (o * inv_rms) * (z * tl.sigmoid(z))
+        tl.store(out_ptr + row * stride_ob + cols * stride_oc, y.to(out_ptr.dtype.element_ty), mask=v_ok)
+    else:  # the norm needs the whole head: o parts go to a float32 scratch, the last program of (row, head) finishes
+        pair = row * HV + head
+        tl.store(o_ptr + pair * DV + dv, o, mask=v_ok)
+        tl.debug_barrier()  # every thread's o is stored before the ticket is taken (release, GPU scope)
+        ticket = tl.atomic_add(counter_ptr + pair, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            full = tl.arange(0, BLOCK_DV)
+            full_ok = full < DV
+            o_all = tl.load(o_ptr + pair * DV + full, mask=full_ok, other=0.0, cache_modifier=".cg")
+            inv_rms = tl.rsqrt(tl.sum(o_all * o_all, axis=0) / DV + eps)
+            cols = head * DV + full
+            z = tl.load(z_ptr + row * stride_zb + cols * stride_zc, mask=full_ok, other=0.0).to(tl.float32)
+            weight = tl.load(norm_w_ptr + full, mask=full_ok, other=0.0).to(tl.float32)
+            y = weight * (o_all * inv_rms) * (z * tl.sigmoid(z))
+            tl.store(out_ptr + row * stride_ob + cols * stride_oc, y.to(out_ptr.dtype.element_ty), mask=full_ok)
+            tl.store(counter_ptr + pair, 0)
 
 
 @satisfies("linear-attention/gdn-decode-step", major=1, devices=("cuda",), backend="triton")
@@ -154,13 +178,19 @@ def gdn_decode_step(
         K=dims.kernel, BLOCK_C=CONV_BLOCK_C, BLOCK_K=triton.next_power_of_2(dims.kernel), num_warps=CONV_WARPS,
     )  # fmt: skip
     buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16), else `out`
-    _recurrent_norm_kernel[(dims.batch, dims.num_v_heads)](
-        conv_out, z, b, a, A_log, dt_bias, norm_weight, recurrent_state, slots, init, buffer,
+    split = STEP_SPLIT if dims.batch * dims.num_v_heads < STEP_SPLIT_BELOW else 1
+    o_parts, counters = buffer, slots  # unused without the split
+    if split > 1:
+        o_parts = torch.empty(dims.batch * dims.num_v_heads * dims.v_head_dim, dtype=torch.float32, device=mixed_qkv.device)
+        counters = ticket_counters(mixed_qkv.device, dims.batch * dims.num_v_heads)
+    block_v = triton.next_power_of_2(triton.cdiv(dims.v_head_dim, split))
+    _recurrent_norm_kernel[(dims.batch, dims.num_v_heads, split)](
+        conv_out, z, b, a, A_log, dt_bias, norm_weight, recurrent_state, slots, init, buffer, o_parts, counters,
         z.stride(0), z.stride(1), b.stride(0), b.stride(1), a.stride(0), a.stride(1),
         recurrent_state.stride(0), recurrent_state.stride(1), recurrent_state.stride(2), recurrent_state.stride(3),
         buffer.stride(0), buffer.stride(1), float(dims.k_head_dim**-0.5), float(eps),
         HK=dims.num_k_heads, HV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim,
-        BLOCK_K=triton.next_power_of_2(dims.k_head_dim), BLOCK_V=triton.next_power_of_2(dims.v_head_dim), L2_EPS=L2_EPS,
-        num_warps=STEP_WARPS,
+        BLOCK_K=triton.next_power_of_2(dims.k_head_dim), BLOCK_V=block_v, L2_EPS=L2_EPS,
+        SPLIT=split, BLOCK_DV=triton.next_power_of_2(dims.v_head_dim), num_warps=STEP_WARPS if split == 1 else SPLIT_WARPS,
     )  # fmt: skip
     finish(buffer, out)

@@ -51,6 +51,9 @@ BOUNDS = {
 }
 WRONG = ["conv_state_not_shifted", "norm_weight_plus_one", "beta_not_applied", "fresh_state_not_zeroed"]
 WRONG_CASE = "b3-two-steps-f32"
+# Every case above has fewer (row, head) pairs than STEP_SPLIT_BELOW, so the Triton step splits each head's
+# value columns (the last program of a head applies the norm); these run again with one program per head.
+UNSPLIT = ["b3-padding-f32", "b3-two-steps-f32", "b1-bf16", "b1-real-heads-bf16"]
 
 SCRIPT = r"""
 import json, math
@@ -184,6 +187,13 @@ for index, (name, case) in enumerate(CASES.items()):
         "out": float((out_a - out_b).abs().max() / out_b.abs().max()),
         "recurrent": float((state_a - state_b).abs().max() / state_b.abs().max()),
     }
+import reference_engine.kernels.gdn_decode_step as step_module
+split_below = step_module.STEP_SPLIT_BELOW
+step_module.STEP_SPLIT_BELOW = 0  # one program per (row, head), as for batches of 4 or more at the real head count
+for name in UNSPLIT:
+    results[f"triton-unsplit|{name}"] = run_case(triton_step, CASES[name], seed=list(CASES).index(name))
+    results[f"triton-unsplit|{name}"].pop("final")
+step_module.STEP_SPLIT_BELOW = split_below
 for wrong in WRONG:
     results[f"{wrong}|{WRONG_CASE}"] = run_case(globals()[wrong], CASES[WRONG_CASE], seed=list(CASES).index(WRONG_CASE))
     results[f"{wrong}|{WRONG_CASE}"].pop("final")
@@ -200,7 +210,7 @@ def violations(result: dict, bounds: dict[str, float]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    header = f"CASES_JSON = {json.dumps(CASES)!r}\nWRONG = {WRONG!r}\nWRONG_CASE = {WRONG_CASE!r}\n"
+    header = f"CASES_JSON = {json.dumps(CASES)!r}\nWRONG = {WRONG!r}\nWRONG_CASE = {WRONG_CASE!r}\nUNSPLIT = {UNSPLIT!r}\n"
     output = run_script(header + SCRIPT, timeout=240)
     marker = output.rfind("RESULT")
     assert marker >= 0, output[-2000:]
@@ -213,6 +223,12 @@ def test_matches_the_float64_step(results, kind, case):
     result = results[f"{kind}|{case}"]
     print(kind, case, {key: result[key] for key in ("out", "recurrent")})
     assert not violations(result, BOUNDS[(kind, CASES[case][0])]), (kind, case, result)
+
+
+@pytest.mark.parametrize("case", UNSPLIT)
+def test_one_program_per_head_matches_the_float64_step(results, case):
+    result = results[f"triton-unsplit|{case}"]
+    assert not violations(result, BOUNDS[("triton", CASES[case][0])]), (case, result)
 
 
 @pytest.mark.parametrize("case", [name for name, case in CASES.items() if case[0] == "float32"])
