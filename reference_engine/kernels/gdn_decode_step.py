@@ -38,7 +38,12 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import finish, require_launchable, staging_buffer, ticket_counters
+from reference_engine.kernels.launch import (
+    finish,
+    require_launchable,
+    staging_buffer,
+    ticket_counters,
+)
 from reference_engine.ops.linear_attention import L2_EPS, check_gdn_decode_step
 from reference_engine.ops.registry import satisfies
 
