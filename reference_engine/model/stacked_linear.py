@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from reference_engine.model.linear import Linear
+from reference_engine.ops.dense_linear import dense_linear
 from reference_engine.quant.linear import w4a16_linear_rows
 
 
@@ -39,7 +40,8 @@ class StackedLinear:
         if x.dim() != 2 or x.shape[-1] != self.in_features:
             raise ValueError(f"StackedLinear expects [T, {self.in_features}], got {list(x.shape)}")
         if self.weight is not None:
-            out = torch.nn.functional.linear(x, self.weight)  # [T, sum N]
+            out = torch.empty(x.shape[0], self.total_out_features, dtype=x.dtype, device=x.device)  # [T, sum N]
+            (ops.dense_linear if ops is not None else dense_linear)(x, self.weight, out)
         else:
             out = torch.empty(x.shape[0], self.total_out_features, dtype=x.dtype, device=x.device)  # [T, sum N]
             (ops.w4a16_linear_rows if ops is not None else w4a16_linear_rows)(x, self.weight_packed, self.weight_scale, self.row_scale_2, out=out)

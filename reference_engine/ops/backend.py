@@ -19,6 +19,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from reference_engine.ops.dense_linear import dense_linear
 from reference_engine.ops.linear_attention import (  # capturable
     causal_conv1d_update,
     gdn_decode_step,
@@ -59,6 +60,7 @@ class OpSet:
     w4a16_linear_rows: Callable  # stacked NVFP4 linears, one tensor scale per output row
     attention_decode_prep: Callable  # q/k norms, partial RoPE, K/V cache write
     paged_decode_gated: Callable  # paged decode times sigmoid(output gate)
+    dense_linear: Callable  # (x [T, K], weight [N, K], out [T, N]): small dense linears (a GDN layer's in_proj_b/a)
     backends: dict[str, str] = field(default_factory=dict, compare=False)
 
 
@@ -78,6 +80,7 @@ TRITON_KERNELS: dict[str, tuple[str, str]] = {
     "w4a16_linear_rows": ("nvfp4_gemv", "w4a16_linear_rows"),
     "attention_decode_prep": ("attention_prep", "attention_decode_prep"),
     "paged_decode_gated": ("paged_decode", "paged_decode_gated"),
+    "dense_linear": ("dense_gemv", "dense_linear"),
 }
 
 
@@ -100,6 +103,7 @@ def torch_ops() -> OpSet:
         w4a16_linear_rows=w4a16_linear_rows,
         attention_decode_prep=attention_decode_prep,
         paged_decode_gated=paged_decode_gated,
+        dense_linear=dense_linear,
     )
     return replace(ops, backends={name: "torch" for name in TRITON_KERNELS} | {"shared_expert": "torch", "causal_conv1d_update": "torch"})
 
