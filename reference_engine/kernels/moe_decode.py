@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from reference_engine.kernels import router
 from reference_engine.kernels.launch import (
     finish,
     interpreting,
@@ -42,7 +43,6 @@ from reference_engine.kernels.launch import (
 from reference_engine.kernels.nvfp4_gemv import _decode_e2m1, _e2m1_word_pair
 from reference_engine.kernels.nvfp4_half_dot import _half_rows_dot
 from reference_engine.kernels.router import (
-    FUSED_ROUTER_MAX_TOKENS,
     router_gemv_topk_with_shared,
     router_topk_with_shared,
 )
@@ -409,7 +409,7 @@ def moe_block_decode(
     num_tokens = x.shape[0]
     topk_weights = torch.empty(num_tokens, top_k + 1, dtype=torch.float32, device=x.device)
     topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
-    if num_tokens <= FUSED_ROUTER_MAX_TOKENS and x.is_contiguous() and router_weight.is_contiguous():
+    if num_tokens <= router.FUSED_ROUTER_MAX_TOKENS and x.is_contiguous() and router_weight.is_contiguous():
         router_gemv_topk_with_shared(x, router_weight, topk_weights, topk_ids, top_k)  # logits and top-k, one launch
     else:
         logits = torch.nn.functional.linear(x, router_weight)  # [T, E+1]

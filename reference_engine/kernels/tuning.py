@@ -6,11 +6,13 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
      "nvfp4_gemv": [{"tokens": 1, "rows": 12288, "k_bytes": 1024, "config": [1, 16, 256, 1, 4, 1]}, ...],
      "moe_decode": {"LOOP": 1, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 256, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 256, "WORDS": 1},
      "moe_decode_batch_one": {...the same keys, for one token},
-     "gemv_words": 1, "gemm_min_tokens": 16}
+     "gemv_words": 1, "gemm_min_tokens": 16, "gdn_step_split_below": 128, "fused_router_max_tokens": 4,
+     "dense_gemv_max_tokens": 4}
 
 GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1). `gemv_words` sets the word reads
 for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
-instead of the GEMV (at most 65).
+instead of the GEMV (at most 65); the last three switch the batch-1 launch savings of the GDN decode step,
+the MoE router and the small dense linears (`benchmarks/kernels/time_decode_pieces.py` measures them).
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
 their measured configuration (others keep `nvfp4_gemv.plan`), the MoE settings replace the module
@@ -56,6 +58,9 @@ class TuningFile(BaseModel):
     moe_decode_batch_one: MoeSettings | None = None  # one token (the tiles that fill the GPU at batch 1 differ)
     gemv_words: int | None = Field(default=None, ge=0, le=2)
     gemm_min_tokens: int | None = Field(default=None, ge=2, le=65)
+    gdn_step_split_below: int | None = Field(default=None, ge=0)  # split GDN decode heads below this many (row, head) pairs (0: never)
+    fused_router_max_tokens: int | None = Field(default=None, ge=0)  # router logits + top-k in one launch up to this batch (0: never)
+    dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
 
 
 def device_file(device_name: str) -> Path:
@@ -64,7 +69,13 @@ def device_file(device_name: str) -> Path:
 
 def apply_tuning(path: str | Path) -> TuningFile:
     """Validate and install a tuning file; returns it. ValueError naming the file on bad content."""
-    from reference_engine.kernels import moe_decode, nvfp4_gemv
+    from reference_engine.kernels import (
+        dense_gemv,
+        gdn_decode_step,
+        moe_decode,
+        nvfp4_gemv,
+        router,
+    )
 
     path = Path(path)
     try:
@@ -75,6 +86,10 @@ def apply_tuning(path: str | Path) -> TuningFile:
         nvfp4_gemv.TUNED[(entry.tokens, entry.rows, entry.k_bytes)] = entry.config
     if tuning.gemv_words is not None:
         nvfp4_gemv.WORDS = tuning.gemv_words
+    for value, module, name in ((tuning.gdn_step_split_below, gdn_decode_step, "STEP_SPLIT_BELOW"), (tuning.fused_router_max_tokens, router, "FUSED_ROUTER_MAX_TOKENS"),
+                                (tuning.dense_gemv_max_tokens, dense_gemv, "MAX_TOKENS")):  # fmt: skip
+        if value is not None:
+            setattr(module, name, value)
     if tuning.gemm_min_tokens is not None:
         nvfp4_gemv.GEMM_MIN_TOKENS = tuning.gemm_min_tokens
     if tuning.moe_decode is not None:

@@ -1,0 +1,140 @@
+"""Batch-1 launch savings measured on the GPU, each against the path it replaces, and the tuning switches they imply.
+
+    PYTHONPATH=. python3 benchmarks/kernels/time_decode_pieces.py OUT.json [TUNING.json]
+
+- GDN decode step (Hk 16, Hv 32, Dk = Dv = 128): each head's value columns over 4 programs (the last applies
+  the norm) vs one program per head (`gdn_decode_step.STEP_SPLIT_BELOW` 128 vs 0);
+- MoE router (257 x 2048 bf16): logits and top-k in one launch vs cuBLAS logits + the top-k kernel
+  (`router.FUSED_ROUTER_MAX_TOKENS` 4 vs 0);
+- a GDN layer's in_proj_b/a (64 x 2048 bf16): the Triton dense GEMV vs torch.mm (`dense_gemv.MAX_TOKENS` 4 vs 0).
+Each is a CUDA graph of CALLS back-to-back calls on distinct weights or states (more bytes than the L2
+holds, as in a step where every layer has its own); the figure is graph time / CALLS. Outputs of both
+variants are compared first. With TUNING, the faster variant of each is written into that tuning file.
+No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from reference_engine.bench.timing import graph_seconds
+from reference_engine.kernels import dense_gemv, gdn_decode_step, moe_decode, router
+
+CALLS = 32
+
+
+def timed(call, count: int) -> float:
+    def step():
+        for index in range(CALLS):
+            call(index % count)
+
+    return graph_seconds(step) * 1e6 / CALLS
+
+
+def gdn_step() -> dict:
+    hk, hv, d, kernel = 16, 32, 128, 4
+    channels = 2 * hk * d + hv * d
+    copies = 24  # 24 x (2 MiB recurrent + conv) state pools
+    g = torch.Generator(device="cuda").manual_seed(0)
+    mixed = torch.randn(1, channels, device="cuda", generator=g).bfloat16()
+    z = torch.randn(1, hv * d, device="cuda", generator=g).bfloat16()
+    b, a = torch.randn(1, hv, device="cuda", generator=g).bfloat16(), torch.randn(1, hv, device="cuda", generator=g).bfloat16()
+    conv_weight = (torch.randn(channels, kernel, device="cuda", generator=g) * 0.5).bfloat16()
+    a_log, dt_bias = torch.rand(hv, device="cuda", generator=g), torch.rand(hv, device="cuda", generator=g)
+    norm_weight = torch.rand(d, device="cuda", generator=g).bfloat16() + 0.5
+    pools = [(torch.randn(2, channels, kernel - 1, device="cuda", generator=g).bfloat16(), torch.randn(2, hv, d, d, device="cuda", generator=g) * 0.1) for _ in range(copies)]
+    slots, init = torch.tensor([1], device="cuda"), torch.tensor([True], device="cuda")
+    out = torch.empty(1, hv * d, device="cuda", dtype=torch.bfloat16)
+
+    def call(index):
+        conv, rec = pools[index]
+        gdn_decode_step.gdn_decode_step(mixed, z, b, a, conv_weight, a_log, dt_bias, norm_weight, conv, rec, slots, init, out, 1e-6)
+
+    record, outputs = {}, {}
+    saved = [(c.clone(), r.clone()) for c, r in pools[:1]]
+    for name, below in (("split", 128), ("one program per head", 0)):
+        gdn_decode_step.STEP_SPLIT_BELOW = below
+        pools[0][0].copy_(saved[0][0])
+        pools[0][1].copy_(saved[0][1])
+        call(0)
+        outputs[name] = out.clone()
+        record[name] = timed(call, copies)
+    gdn_decode_step.STEP_SPLIT_BELOW = 128
+    record["rel_difference"] = float((outputs["split"].double() - outputs["one program per head"].double()).norm() / outputs["one program per head"].double().norm())
+    return record
+
+
+def router_block() -> dict:
+    copies = 64  # 64 x 1 MiB router weights
+    g = torch.Generator(device="cuda").manual_seed(1)
+    weights = [(torch.randn(257, 2048, device="cuda", generator=g) * 2048**-0.5).bfloat16() for _ in range(copies)]
+    x = torch.randn(1, 2048, device="cuda", generator=g).bfloat16()
+    topk_w, topk_i = torch.empty(1, 9, device="cuda"), torch.empty(1, 9, dtype=torch.int32, device="cuda")
+
+    def fused(index):
+        router.router_gemv_topk_with_shared(x, weights[index], topk_w, topk_i, 8)
+
+    def separate(index):
+        router.router_topk_with_shared(torch.nn.functional.linear(x, weights[index]), topk_w, topk_i, 8)
+
+    record, ids = {}, {}
+    for name, call in (("fused", fused), ("cuBLAS + top-k", separate)):
+        call(0)
+        ids[name] = topk_i.clone()
+        record[name] = timed(call, copies)
+    # ids in common among the 8 routed slots (a logit rounded differently can swap a near-tie; 8 of 8 expected)
+    record["shared_ids"] = len(set(ids["fused"][0, :8].tolist()) & set(ids["cuBLAS + top-k"][0, :8].tolist()))
+    assert moe_decode.router is router
+    return record
+
+
+def dense() -> dict:
+    copies = 256  # 256 x 256 KiB
+    g = torch.Generator(device="cuda").manual_seed(2)
+    weights = [(torch.randn(64, 2048, device="cuda", generator=g) * 2048**-0.5).bfloat16() for _ in range(copies)]
+    x = torch.randn(1, 2048, device="cuda", generator=g).bfloat16()
+    out = torch.empty(1, 64, device="cuda", dtype=torch.bfloat16)
+    record, outputs = {}, {}
+    for name, limit in (("triton", 4), ("torch", 0)):
+        dense_gemv.MAX_TOKENS = limit
+        dense_gemv.dense_linear(x, weights[0], out)
+        outputs[name] = out.clone()
+        record[name] = timed(lambda index: dense_gemv.dense_linear(x, weights[index], out), copies)
+    dense_gemv.MAX_TOKENS = 4
+    record["rel_difference"] = float((outputs["triton"].double() - outputs["torch"].double()).norm() / outputs["torch"].double().norm())
+    return record
+
+
+def main(path: str, tuning_path: str | None) -> None:
+    records = {}
+    for name, piece in (("gdn_decode_step_us", gdn_step), ("router_us", router_block), ("dense_in_proj_ba_us", dense)):
+        try:
+            records[name] = piece()
+        except Exception as failure:  # noqa: BLE001 - one failing piece leaves the others measured and its switch untouched
+            records[name] = {"error": f"{type(failure).__name__}: {str(failure)[:300]}"}
+    print(json.dumps(records, indent=1))
+    with open(path, "w") as handle:
+        json.dump(records, handle, indent=1)
+    if tuning_path:
+        with open(tuning_path) as handle:
+            tuning = json.load(handle)
+        gdn, route, ba = records["gdn_decode_step_us"], records["router_us"], records["dense_in_proj_ba_us"]
+        if "error" not in gdn:
+            tuning["gdn_step_split_below"] = 128 if gdn["split"] < gdn["one program per head"] and gdn["rel_difference"] < 1e-2 else 0
+        if "error" not in route:
+            tuning["fused_router_max_tokens"] = 4 if route["fused"] < route["cuBLAS + top-k"] and route["shared_ids"] >= 8 else 0
+        if "error" not in ba:
+            tuning["dense_gemv_max_tokens"] = 4 if ba["triton"] < ba["torch"] and ba["rel_difference"] < 1e-2 else 0
+        with open(tuning_path, "w") as handle:
+            json.dump(tuning, handle, indent=1)
+        print("tuning:", {key: tuning.get(key) for key in ("gdn_step_split_below", "fused_router_max_tokens", "dense_gemv_max_tokens")})
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 3):
+        print(__doc__)
+        raise SystemExit(2)
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else None)
