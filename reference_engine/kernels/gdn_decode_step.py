@@ -81,6 +81,17 @@ def _conv_update_kernel(
 
 
 @triton.jit
+def _gated_norm_store(o, dv, v_ok, row, head, z_ptr, norm_w_ptr, out_ptr, stride_zb, stride_zc, stride_ob, stride_oc, eps, DV: tl.constexpr):
+    """out[row, head * DV + dv] = w * o * rsqrt(mean(o^2) + eps) * silu(z) for a whole head's o [BLOCK] (zero where masked)."""
+    inv_rms = tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
+    cols = head * DV + dv
+    z = tl.load(z_ptr + row * stride_zb + cols * stride_zc, mask=v_ok, other=0.0).to(tl.float32)
+    weight = tl.load(norm_w_ptr + dv, mask=v_ok, other=0.0).to(tl.float32)
+    y = weight * (o * inv_rms) * (z * tl.sigmoid(z))
+    tl.store(out_ptr + row * stride_ob + cols * stride_oc, y.to(out_ptr.dtype.element_ty), mask=v_ok)
+
+
+@triton.jit
 def _recurrent_norm_kernel(
     conv_out_ptr, z_ptr, b_ptr, a_ptr, a_log_ptr, dt_bias_ptr, norm_w_ptr, state_ptr, slots_ptr, init_ptr, out_ptr, o_ptr, counter_ptr,
     stride_zb, stride_zc, stride_bb, stride_bh, stride_ab, stride_ah,
@@ -122,12 +133,7 @@ def _recurrent_norm_kernel(
     o = tl.sum(s * q[:, None], axis=0)  # [BV] float32, zero in masked columns
 
     if SPLIT == 1:
-        inv_rms = tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
-        cols = head * DV + dv
-        z = tl.load(z_ptr + row * stride_zb + cols * stride_zc, mask=v_ok, other=0.0).to(tl.float32)
-        weight = tl.load(norm_w_ptr + dv, mask=v_ok, other=0.0).to(tl.float32)
-        y = weight * (o * inv_rms) * (z * tl.sigmoid(z))
-        tl.store(out_ptr + row * stride_ob + cols * stride_oc, y.to(out_ptr.dtype.element_ty), mask=v_ok)
+        _gated_norm_store(o, dv, v_ok, row, head, z_ptr, norm_w_ptr, out_ptr, stride_zb, stride_zc, stride_ob, stride_oc, eps, DV)
     else:  # the norm needs the whole head: o parts go to a float32 scratch, the last program of (row, head) finishes
         pair = row * HV + head
         tl.store(o_ptr + pair * DV + dv, o, mask=v_ok)
@@ -137,12 +143,7 @@ def _recurrent_norm_kernel(
             full = tl.arange(0, BLOCK_DV)
             full_ok = full < DV
             o_all = tl.load(o_ptr + pair * DV + full, mask=full_ok, other=0.0, cache_modifier=".cg")
-            inv_rms = tl.rsqrt(tl.sum(o_all * o_all, axis=0) / DV + eps)
-            cols = head * DV + full
-            z = tl.load(z_ptr + row * stride_zb + cols * stride_zc, mask=full_ok, other=0.0).to(tl.float32)
-            weight = tl.load(norm_w_ptr + full, mask=full_ok, other=0.0).to(tl.float32)
-            y = weight * (o_all * inv_rms) * (z * tl.sigmoid(z))
-            tl.store(out_ptr + row * stride_ob + cols * stride_oc, y.to(out_ptr.dtype.element_ty), mask=full_ok)
+            _gated_norm_store(o_all, full, full_ok, row, head, z_ptr, norm_w_ptr, out_ptr, stride_zb, stride_zc, stride_ob, stride_oc, eps, DV)
             tl.store(counter_ptr + pair, 0)
 
 
