@@ -401,8 +401,9 @@ def moe_block_decode(
     top_k: int,
     out: torch.Tensor,  # [T, H]
 ) -> None:
-    """The whole sparse MoE block for decode in four launches (router GEMV, fused router top-k with the
-    shared slot, gate/up kernel, down kernel); the signature of `ops.static_moe.moe_block_decode`.
+    """The whole sparse MoE block for decode: router logits and top-k with the shared slot (one launch up to
+    `router.FUSED_ROUTER_MAX_TOKENS` tokens, cuBLAS logits plus the top-k kernel above), then the gate/up and
+    down kernels; the signature of `ops.static_moe.moe_block_decode`.
     No host synchronisation: the expert ids come from the router kernel, in range by construction."""
     check_moe_block_decode(x, router_weight, experts, shared, top_k, out)
     require_launchable(x, router_weight, out)

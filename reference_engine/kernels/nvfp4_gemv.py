@@ -11,6 +11,8 @@ bit), the sign to bit 15, which is the E2M1 value times 2^-14 (subnormal codes i
 float32. Products and sums run in float32; the result is written in x's dtype. Split-K partial
 sums go to a float32 workspace reduced by a second tiny kernel (deterministic, no atomics).
 For M > 64 (prefill) the wrappers call the tensor-core GEMM of `nvfp4_gemm.w4a16_gemm`.
+With `WORDS` 2 a single bfloat16 token runs `nvfp4_half_dot._w4a16_gemv_half_kernel` instead (products in
+packed float16 pairs; its split-K is summed inside the kernel by the last program of a row block).
 """
 
 from __future__ import annotations
