@@ -13,7 +13,10 @@ Writes one JSON file. Usage (GPU machine): python benchmarks/diagnose_host.py --
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import statistics
 import time
 
@@ -131,6 +134,21 @@ def decode_pieces(bench: EngineBench, prompt: list[int], steps: int) -> dict:
     }
 
 
+def python_profile(bench: EngineBench, prompt: list[int], steps: int, top: int) -> dict:
+    """cProfile (host functions by own time) of one prefill and of `steps` batch-1 decode steps."""
+    result = {}
+    for name, prompt_ids, max_tokens in (("prefill", prompt, 1), ("decode", prompt[:64], steps)):
+        bench._run([prompt_ids], max_tokens=max_tokens)  # warm
+        profiler = cProfile.Profile()
+        profiler.enable()
+        bench._run([prompt_ids], max_tokens=max_tokens)
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+        result[name] = text.getvalue()[:12000]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -138,6 +156,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--max-batches", default="1,64", help="engine sizes (max_num_seqs) to compare, comma-separated")
+    parser.add_argument("--skip-tables", action="store_true", help="no per-kernel tables")
     args = parser.parse_args()
     device = torch.device("cuda")
     model = build_preset("full", device=device, dtype=torch.bfloat16, seed=0, quantize="nvfp4")
@@ -148,17 +168,22 @@ def main() -> None:
         with open(args.out, "w") as handle:
             json.dump(result, handle, indent=1)
 
-    bench = EngineBench(model, tokenizer, "graphs", args.prompt_tokens, 64, args.steps, max_batch=1)
-    prompt = bench._random_prompt(args.prompt_tokens)
-    for name, fn, fn_args in (("decode_pieces", decode_pieces, (bench, prompt, args.steps)), ("prefill", prefill_figures, (bench, prompt))):
-        try:
-            result[name] = fn(*fn_args)
-        except Exception as error:  # noqa: BLE001 - keep the other figures
-            result[name] = {"error": f"{type(error).__name__}: {error}"[:500]}
-        print(name, json.dumps(result[name])[:2000], flush=True)
-        save()
-    bench = fn_args = None
-    torch.cuda.empty_cache()
+    for max_batch in (int(v) for v in args.max_batches.split(",")):
+        bench = EngineBench(model, tokenizer, "graphs", args.prompt_tokens, 64, args.steps, max_batch=max_batch)
+        prompt = bench._random_prompt(args.prompt_tokens)
+        for name, fn, fn_args in (("decode_pieces", decode_pieces, (bench, prompt, args.steps)), ("prefill", prefill_figures, (bench, prompt)),
+                                  ("python_profile", python_profile, (bench, prompt, 20, 30))):  # fmt: skip
+            key = f"{name}_max{max_batch}"
+            try:
+                result[key] = fn(*fn_args)
+            except Exception as error:  # noqa: BLE001 - keep the other figures
+                result[key] = {"error": f"{type(error).__name__}: {error}"[:500]}
+            print(key, json.dumps(result[key])[:3000] if name != "python_profile" else "", flush=True)
+            save()
+        bench = fn_args = None
+        torch.cuda.empty_cache()
+    if args.skip_tables:
+        return
     result["profile_prefill"] = profile_prefill(model, tokenizer, args.prompt_tokens, top=args.top)
     save()
     result[f"profile_decode_b{args.batch}"] = profile_decode_step(model, tokenizer, batch=args.batch, top=args.top)
