@@ -107,8 +107,9 @@ def markdown(document: dict) -> str:
             "Throughput rows: decode steps that ran the whole batch (prefill excluded); see `throughput` in the JSON for end-to-end rates."
         ),
     ]
-    profile = document.get("profile")
-    if profile:
+    for profile in (document.get("profile"), document.get("profile_b32")):
+        if not profile:
+            continue
         lines += [
             "",
             f"## One decode step, per kernel (static path run eagerly, batch {profile['batch']}, {profile['clock']})",

@@ -212,3 +212,23 @@ def test_bf16_gate_passes_the_static_path() -> None:
     result = run_gate(model, load_tokenizer("tiny"), "static", num_prompts=2, decode_steps=4)
     assert result.passed, result.message
     assert 0 < result.plain["kl_mean"] < 1e-2  # the plain bf16 path differs from float32 by rounding only
+
+
+def test_profiles_run_after_every_timed_figure(tmp_path, monkeypatch) -> None:
+    """torch.profiler slows every later launch in its process, so the bench must profile last."""
+    from reference_engine.bench import measure, profile
+
+    order: list[str] = []
+    for module, name in ((measure.EngineBench, "ttft"), (measure.EngineBench, "tpot"), (measure.EngineBench, "throughput")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda self, *args, _f=original, _n=name, **kw: order.append(_n) or _f(self, *args, **kw))
+    for name in ("profile_decode_step", "profile_prefill"):
+        original = getattr(profile, name)
+        monkeypatch.setattr(profile, name, lambda *args, _f=original, _n=name, **kw: order.append(_n) or _f(*args, **kw))
+    run_bench(BenchOptions(**{**QUICK, "batch_sizes": (1, 32), "output_tokens": 2}, out_dir=str(tmp_path), name="order", peer=False), log=lambda line: None)
+    profiled = [i for i, name in enumerate(order) if name.startswith("profile")]
+    timed = [i for i, name in enumerate(order) if not name.startswith("profile")]
+    assert profiled and timed and min(profiled) > max(timed), order
+    assert order.count("profile_decode_step") == 2  # batch 1 and batch 32
+    summary = (tmp_path / "order.md").read_text()
+    assert "batch 32, host" in summary and "batch 1, host" in summary
