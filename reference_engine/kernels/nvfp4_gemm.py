@@ -65,6 +65,7 @@ from reference_engine.kernels.launch import (
     interpreting,
     require_launchable,
     staging_buffer,
+    ticket_counters,
 )
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ class GemmPlan:
     block_kb: int  # packed bytes per weight row per K step (a multiple of 8: whole scale blocks)
     num_warps: int
     num_stages: int
+    split_k: int = 1  # K slices reduced in the kernel (last ticket of a tile sums them in order)
 
 
 def _pow2_between(value: int, low: int, high: int) -> int:
@@ -102,6 +104,8 @@ def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DE
     if kind == "linear":
         if float32:
             return GemmPlan(_pow2_between(tokens, 16, 64), _pow2_between(rows, 16, 64), block_kb, 8, 3)
+        if tokens <= SMALL_M_TOKENS:  # decode batches: narrower tiles and split-K, so the grid covers the SMs
+            return _small_m_plan(tokens, rows, k, block_kb, sm_count)
         block_n = _pow2_between(rows, 16, 128)
         big = tokens >= 512 and triton.cdiv(tokens, 128) * triton.cdiv(rows, block_n) >= sm_count
         block_m = 128 if big else _pow2_between(tokens, 16, 64)
@@ -112,6 +116,28 @@ def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DE
     if kind == "moe_gate_up":
         return GemmPlan(block_m, _pow2_between(rows, 16, 32 if float32 else 64), block_kb, warps, 3)
     return GemmPlan(block_m, _pow2_between(rows, 16, 64 if float32 else 128), block_kb, warps, 3)
+
+
+SMALL_M_TOKENS = 64  # up to this many tokens a linear gets `_small_m_plan`
+SMALL_M_TUNED: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # (block_m, rows, k) -> (block_n, num_warps, split_k), from the tuning file
+
+
+def _small_m_plan(tokens: int, rows: int, k: int, block_kb: int, sm_count: int) -> GemmPlan:
+    """A decode batch (<= SMALL_M_TOKENS tokens) through the tensor-core GEMM: one token block, 64-row weight
+    tiles, and K split in powers of two until the grid holds two programs per SM (each slice keeps at least
+    4 K steps); a tuned entry for the shape wins."""
+    block_m = _pow2_between(tokens, 16, 64)
+    tuned = SMALL_M_TUNED.get((block_m, rows, k))
+    if tuned is not None:
+        block_n, warps, split = tuned
+        return GemmPlan(block_m, block_n, block_kb, warps, 3, split)
+    block_n = _pow2_between(rows, 16, 64)
+    programs = triton.cdiv(tokens, block_m) * triton.cdiv(rows, block_n)
+    steps = triton.cdiv(k, 2 * block_kb)
+    split = 1
+    while programs * split < 2 * sm_count and split < 16 and steps >= 8 * split:
+        split *= 2
+    return GemmPlan(block_m, block_n, block_kb, 4, 3, split)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -190,28 +216,51 @@ def _x_tile(x_ptr, row_offsets, K_BYTES: tl.constexpr, byte0, BLOCK_KB: tl.const
 
 @triton.jit
 def _w4a16_gemm_kernel(
-    x_ptr, packed_ptr, scale_ptr, scale_2_ptr, out_ptr,
+    x_ptr, packed_ptr, scale_ptr, scale_2_ptr, out_ptr, workspace_ptr, counter_ptr,
     M, N, stride_xm, stride_om,
     K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
-    EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, DOT_KIND: tl.constexpr,
+    EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, DOT_KIND: tl.constexpr, SPLIT_K: tl.constexpr, SPLIT_BYTES: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
     tokens = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     x_rows = tl.minimum(tokens, M - 1).to(tl.int64) * stride_xm  # clamped: loads need no mask
     w_rows = tl.minimum(rows, N - 1).to(tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for byte0 in range(0, K_BYTES, BLOCK_KB):
+    for step in range(0, SPLIT_BYTES, BLOCK_KB):  # this program's K slice (all of K without split-K)
+        byte0 = pid_k * SPLIT_BYTES + step
         x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
         w = _weight_tile(packed_ptr, scale_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
         acc = _dot(x, tl.trans(w), acc, DOT_KIND)
+    in_range = (tokens < M)[:, None] & (rows < N)[None, :]
+    if SPLIT_K > 1:  # partial sums to a float32 workspace; the program drawing the tile's last ticket adds them in split order
+        tile = pid_m * tl.num_programs(1) + pid_n
+        local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tile_base = tile.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+        tl.store(workspace_ptr + tile_base + pid_k * (BLOCK_M * BLOCK_N) + local, acc)
+        tl.debug_barrier()  # every thread's partial is stored before the ticket is taken (release, GPU scope)
+        ticket = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT_K - 1:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for split in range(SPLIT_K):
+                acc += tl.load(workspace_ptr + tile_base + split * (BLOCK_M * BLOCK_N) + local, cache_modifier=".cg")
+            _gemm_store(acc, scale_2_ptr, w_rows, out_ptr, tokens, rows, stride_om, in_range, ROW_SCALES)
+            tl.store(counter_ptr + tile, 0)
+    else:
+        _gemm_store(acc, scale_2_ptr, w_rows, out_ptr, tokens, rows, stride_om, in_range, ROW_SCALES)
+
+
+@triton.jit
+def _gemm_store(acc, scale_2_ptr, w_rows, out_ptr, tokens, rows, stride_om, in_range, ROW_SCALES: tl.constexpr):
+    """acc times the tensor scale(s) and 2^14, rounded into out[tokens, rows] where in range."""
     if ROW_SCALES:
         acc = acc * (tl.load(scale_2_ptr + w_rows) * 16384.0)[None, :]
     else:
         acc = acc * (tl.load(scale_2_ptr) * 16384.0)
     out_ptrs = out_ptr + tokens[:, None].to(tl.int64) * stride_om + rows[None, :]
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(tokens < M)[:, None] & (rows < N)[None, :])
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_range)
 
 
 def _check_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2: torch.Tensor, out: torch.Tensor) -> None:
@@ -230,9 +279,10 @@ def _check_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torc
         raise ValueError(f"out must be {x.dtype} [{x.shape[0]}, {rows}], got {out.dtype} {tuple(out.shape)}")
 
 
-def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2, out: torch.Tensor) -> torch.Tensor:
+def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2, out: torch.Tensor, gemm_plan: GemmPlan | None = None) -> torch.Tensor:
     """`out [M, N] = x [M, K] @ W^T`, W [N, K] NVFP4 (`weight_packed [N, K/2]` uint8, `weight_scale [N, K/16]`
-    float8_e4m3fn, `scale_2` one value or float32 [N] per row), float32 accumulation, in x's dtype."""
+    float8_e4m3fn, `scale_2` one value or float32 [N] per row), float32 accumulation, in x's dtype.
+    `gemm_plan`: tile sizes other than `plan("linear", ...)` (benchmarks and tests)."""
     scale_2 = torch.as_tensor(scale_2, dtype=torch.float32, device=x.device)
     _check_gemm(x, weight_packed, weight_scale, scale_2, out)
     require_launchable(x, weight_packed, weight_scale, scale_2, out)
@@ -245,12 +295,23 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
     scale_2 = scale_2.reshape(-1).contiguous()
     buffer = staging_buffer(out)
     target = buffer if buffer.stride(1) == 1 else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
-    p = plan("linear", tokens, rows, 2 * k_bytes, _sm_count(x.device), float32=x.dtype == torch.float32)
-    grid = (triton.cdiv(tokens, p.block_m), triton.cdiv(rows, p.block_n))
+    p = gemm_plan if gemm_plan is not None else plan("linear", tokens, rows, 2 * k_bytes, _sm_count(x.device), float32=x.dtype == torch.float32)
+    grid = (triton.cdiv(tokens, p.block_m), triton.cdiv(rows, p.block_n), p.split_k)
+    split_bytes = k_bytes
+    workspace, counters = target, target  # unused without split-K
+    if p.split_k > 1:
+        split_bytes = triton.cdiv(triton.cdiv(k_bytes, p.split_k), p.block_kb) * p.block_kb
+        if split_bytes * (p.split_k - 1) >= k_bytes:
+            raise ValueError(f"split_k {p.split_k} leaves an empty K slice (K = {2 * k_bytes}, K step {2 * p.block_kb})")
+        tiles = grid[0] * grid[1]
+        workspace = torch.empty(tiles * p.split_k * p.block_m * p.block_n, dtype=torch.float32, device=x.device)
+        counters = ticket_counters(x.device, tiles)
+    even_k = k_bytes % p.block_kb == 0 and split_bytes * p.split_k == k_bytes
     _w4a16_gemm_kernel[grid](
-        x, packed, scale, scale_2, target, tokens, rows, x.stride(0), target.stride(0),
-        K_BYTES=k_bytes, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KB=p.block_kb, EVEN_K=k_bytes % p.block_kb == 0,
-        ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), num_warps=p.num_warps, num_stages=p.num_stages,
+        x, packed, scale, scale_2, target, workspace, counters, tokens, rows, x.stride(0), target.stride(0),
+        K_BYTES=k_bytes, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KB=p.block_kb, EVEN_K=even_k,
+        ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), SPLIT_K=p.split_k, SPLIT_BYTES=split_bytes,
+        num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if target is not buffer:
         buffer.copy_(target)

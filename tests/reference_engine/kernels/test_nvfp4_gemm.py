@@ -43,10 +43,11 @@ from reference_engine.kernels import nvfp4_gemm as m
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 common = {"packed_ptr": "*u8", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32"}
 configs = []
-for tokens, rows, k in ((1024, 8192, 2048), (1024, 2048, 4096), (1024, 32, 2048)):
+for tokens, rows, k in ((1024, 8192, 2048), (1024, 2048, 4096), (1024, 32, 2048), (32, 12288, 2048), (32, 2048, 4096), (8, 9216, 2048)):
     p = m.plan("linear", tokens, rows, k)
-    sig = common | {"x_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "stride_xm": "i32", "stride_om": "i32"}
-    configs.append((f"linear {tokens}x{rows}x{k}", m._w4a16_gemm_kernel, sig, {"K_BYTES": k // 2, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "ROW_SCALES": True, "DOT_KIND": m.DOT_BFLOAT16}, p))
+    sig = common | {"x_ptr": "*bf16", "out_ptr": "*bf16", "workspace_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32", "stride_xm": "i32", "stride_om": "i32"}
+    split_bytes = -(-(k // 2) // (p.split_k * p.block_kb)) * p.block_kb
+    configs.append((f"linear {tokens}x{rows}x{k} split {p.split_k}", m._w4a16_gemm_kernel, sig, {"K_BYTES": k // 2, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "ROW_SCALES": True, "DOT_KIND": m.DOT_BFLOAT16, "SPLIT_K": p.split_k, "SPLIT_BYTES": split_bytes}, p))
 for pairs in (8192, 800):
     p = m.plan("moe_gate_up", pairs, 512, 2048, num_experts=256)
     sig = common | {"x_ptr": "*bf16", "order_ptr": "*i32", "blocks_ptr": "*i32", "act_ptr": "*bf16", "MAX_BLOCKS": "i32", "stride_xm": "i32"}
@@ -137,6 +138,41 @@ nvfp4_gemv.w4a16_linear(x.view(2, 65, 64), packed, scale, scale_2, out3d)
 results["gemm"]["gemv-wrapper-m130-3d-bf16"] = ("bfloat16", rel(out3d.view(130, 48), ref))
 x, packed, scale, scale_2, ref = weights["m70-rows-bf16"]
 results["gemm"]["gemv-rows-wrapper-m70-bf16"] = ("bfloat16", rel(run_gemm(x, packed, scale, scale_2, nvfp4_gemv.w4a16_linear_rows), ref))
+
+# split-K (decode batches): K slices summed in the kernel by the program drawing a tile's last ticket
+SPLIT_CASES = {  # name: (M, N, K, dtype, per-row scale_2, GemmPlan fields)
+    "split2-m20-k320-rows-bf16": (20, 48, 320, "bfloat16", True, (16, 32, 32, 4, 3, 2)),
+    "split3-uneven-m20-k320-f32": (20, 48, 320, "float32", False, (16, 16, 32, 4, 3, 3)),
+    "split4-m5-k512-rows-f32": (5, 40, 512, "float32", True, (16, 32, 32, 4, 3, 4)),
+}
+for name, (M, N, K, dtype, per_row, fields) in SPLIT_CASES.items():
+    packed, scale, scale_2 = quantized(N, K, 0.5)
+    if per_row:
+        scale_2 = torch.linspace(0.5, 2.0, N) * float(scale_2)
+    x = torch.randn(M, K, generator=g).to(DTYPES[dtype])
+    ref = x.double() @ deq64(packed, scale, scale_2).t()
+    split_plan = nvfp4_gemm.GemmPlan(*fields)
+    out = torch.full((M, N), float("nan"), dtype=x.dtype)
+    nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, out, gemm_plan=split_plan)
+    results["gemm"][name] = (dtype, rel(out, ref))
+    weights[name] = (x, packed, scale, scale_2, ref, split_plan)
+counters = nvfp4_gemm.ticket_counters(torch.device("cpu"), 1)
+results["checks"].append(["split-K leaves every ticket counter at zero", int(counters.abs().sum()) == 0])
+auto = nvfp4_gemm.plan("linear", 32, 2048, 4096)
+results["checks"].append(["a 32-token out_proj plan splits K (fills the SMs)", auto.split_k > 1 and auto.block_m == 32])
+
+def stale_ticket_counter(x, packed, scale, scale_2, out, split_plan):
+    # a counter left at 1 by a bad reset: the first slice to finish sums the workspace before the others wrote
+    nvfp4_gemm.ticket_counters(x.device, 64)[:64] = 1
+    try:
+        nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, out, gemm_plan=split_plan)
+    finally:
+        nvfp4_gemm.ticket_counters(x.device, 64)[:64] = 0
+
+x, packed, scale, scale_2, ref, split_plan = weights["split2-m20-k320-rows-bf16"]
+out = torch.full(ref.shape, float("nan"), dtype=x.dtype)
+stale_ticket_counter(x, packed, scale, scale_2, out, split_plan)
+results["gemm_wrong"]["stale_ticket_counter"] = ("bfloat16", rel(out, ref))
 
 # known-wrong GEMM variants
 def nibbles_swapped(x, packed, scale, scale_2, out):
@@ -247,13 +283,13 @@ def results():
 
 
 def test_gemm_matches_the_float64_product(results):
-    assert len(results["gemm"]) == 10
+    assert len(results["gemm"]) == 13
     for name, (dtype, error) in results["gemm"].items():
         assert error < BOUNDS[dtype], (name, error)
 
 
 def test_gemm_rejects_known_wrong_variants(results):
-    assert len(results["gemm_wrong"]) == 3
+    assert len(results["gemm_wrong"]) == 4
     for name, (dtype, error) in results["gemm_wrong"].items():
         assert error > 10 * BOUNDS[dtype], (name, error)
 
@@ -278,7 +314,7 @@ def test_moe_rejects_known_wrong_variants(results):
 
 def test_structural_checks(results):
     failed = [name for name, ok in results["checks"] if not ok]
-    assert not failed and len(results["checks"]) == 3, results["checks"]
+    assert not failed and len(results["checks"]) == 5, results["checks"]
 
 
 def test_kernels_compile_for_sm90_without_spills():
@@ -295,7 +331,8 @@ def test_kernels_compile_for_sm90_without_spills():
         pytest.skip("Triton's bundled ptxas is not available")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout[result.stdout.rindex("JSON") + 4:])
-    assert len(report) == 7
+    assert len(report) == 10
+    assert sum(not name.endswith(" split 1") for name in report if name.startswith("linear")) == 3  # decode batches split K
     for name, info in report.items():
         assert info["spill_bytes"] == 0 and info["tensor_cores"], (name, info)
 
@@ -398,3 +435,28 @@ def test_model_wiring_on_cuda():
     expected = torch.empty(T, 384, dtype=torch.float32, device="cuda")
     w4a16_linear(x.float(), layer.weight_packed, layer.weight_scale, layer.weight_scale_2, expected)
     assert _rel(layer(x), expected) < 1e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("tokens", "rows", "columns"), [(8, 12288, 2048), (32, 12288, 2048), (32, 2048, 4096), (64, 9216, 2048), (17, 2048, 4096)])
+def test_small_batch_split_k_gemm_on_cuda(tokens, rows, columns):
+    """Decode batches take the split-K plan; the in-kernel reduction is deterministic and resets its counters."""
+    from reference_engine.kernels.launch import ticket_counters
+    from reference_engine.kernels.nvfp4_gemm import plan, w4a16_gemm
+    from reference_engine.quant import linear as torch_linear
+    from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+    generator = torch.Generator().manual_seed(rows + tokens)
+    packed, scale, scale_2 = (t.cuda() for t in quantize_nvfp4(torch.randn(rows, columns, generator=generator) * 0.02))
+    x = torch.randn(tokens, columns, generator=generator).to(torch.bfloat16).cuda()
+    expected = torch.empty(tokens, rows, dtype=torch.float32, device="cuda")
+    torch_linear.w4a16_linear(x.float(), packed, scale, scale_2, expected)
+    assert plan("linear", tokens, rows, columns, torch.cuda.get_device_properties(0).multi_processor_count).split_k > 1
+    outs = []
+    for _ in range(2):
+        out = torch.full((tokens, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+        w4a16_gemm(x, packed, scale, scale_2, out)
+        outs.append(out)
+    assert _rel(outs[0], expected) < 1e-2
+    assert torch.equal(outs[0], outs[1])
+    assert int(ticket_counters(x.device, 1).abs().sum()) == 0
