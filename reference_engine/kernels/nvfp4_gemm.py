@@ -87,6 +87,19 @@ class GemmPlan:
     num_warps: int
     num_stages: int
     split_k: int = 1  # K slices reduced in the kernel (last ticket of a tile sums them in order)
+    decode: int = -1  # weight decode: 0 bytes, 1 int32 words (see `_weight_tile_words`); -1: the module's `DECODE`
+
+
+DECODE = 0  # the weight decode of every plan that does not name one (the tuning file may set 1)
+
+
+def _decode(p: GemmPlan) -> int:
+    return DECODE if p.decode < 0 else p.decode
+
+
+def _packed_operand(packed: torch.Tensor, decode: int) -> torch.Tensor:
+    """The packed codes as the kernel reads them: bytes, or int32 words (rows are whole words: K is a multiple of 16)."""
+    return packed.view(torch.int32) if decode == 1 else packed
 
 
 def _pow2_between(value: int, low: int, high: int) -> int:
@@ -202,6 +215,98 @@ def _weight_tile(packed_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
     return _to_dot(tl.reshape(tl.join(low, high), (BLOCK_N, 2 * BLOCK_KB)), DOT_KIND)
 
 
+# DECODE 1 (words): the packed codes are read as int32 words (8 codes, element 8w + j in bits 4j..4j+3) and
+# decoded straight to bfloat16 pairs in PTX: a code's 3 magnitude bits placed at bits 6..8 of a bfloat16 and its
+# sign at bit 15 are the E2M1 value times 2^-126 (0.5 becomes a bfloat16 subnormal, exact); one mul.rn.bf16x2 by
+# the block scale times 2^119 (exact: 448 * 2^119 < the bfloat16 maximum) gives e2m1 * scale * 2^-7 exactly (at
+# most 6 significant bits, far from both ends of the range). Pairs (j, j + 4) share one 32-bit register: the
+# same shifts move nibble j of the low half and nibble j + 4 of the high half. About 2.5 instructions per weight,
+# against about 11 for DECODE 0 (bytes, float16, converted to bfloat16; sm_90 SASS of the loop, 128 x 64 tiles).
+WORD_SCALE_SHIFT = tl.constexpr(2.0**119)  # the block scale's factor in DECODE 1
+WORD_EPILOGUE = 128.0  # 2^7: undoes the operand's 2^-7
+_BF16_PAIRS_ASM = tl.constexpr("""
+{
+.reg .b32 s2, m, g, v;
+mov.b32 s2, {$9, $9};
+shl.b32 m, $8, 6;
+shl.b32 g, $8, 12;
+and.b32 m, m, 0x01C001C0;
+and.b32 g, g, 0x80008000;
+or.b32 v, m, g;
+mul.rn.bf16x2 v, v, s2;
+mov.b32 {$0, $1}, v;
+shl.b32 m, $8, 2;
+shl.b32 g, $8, 8;
+and.b32 m, m, 0x01C001C0;
+and.b32 g, g, 0x80008000;
+or.b32 v, m, g;
+mul.rn.bf16x2 v, v, s2;
+mov.b32 {$2, $3}, v;
+shr.b32 m, $8, 2;
+shl.b32 g, $8, 4;
+and.b32 m, m, 0x01C001C0;
+and.b32 g, g, 0x80008000;
+or.b32 v, m, g;
+mul.rn.bf16x2 v, v, s2;
+mov.b32 {$4, $5}, v;
+shr.b32 m, $8, 6;
+and.b32 m, m, 0x01C001C0;
+and.b32 g, $8, 0x80008000;
+or.b32 v, m, g;
+mul.rn.bf16x2 v, v, s2;
+mov.b32 {$6, $7}, v;
+}
+""")
+
+
+@triton.jit
+def _code_times_scale(words, j: tl.constexpr, scale_f32):
+    """Element j of each word as e2m1 * scale * 2^-7 in float32 (the portable form of the PTX decode)."""
+    return _e2m1_times_2_pow_m14(((words >> (4 * j)) & 0xF).to(tl.uint8)).to(tl.float32) * (scale_f32 * 128.0)
+
+
+@triton.jit
+def _weight_tile_words(words_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
+                       BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, ASM: tl.constexpr):
+    """`_weight_tile` reading int32 words: the same [BLOCK_N, 2 * BLOCK_KB] tile as e2m1 * block_scale * 2^-7."""
+    KW: tl.constexpr = BLOCK_KB // 4
+    word_cols = byte0 // 4 + tl.arange(0, KW)
+    block_cols = byte0 // 8 + tl.arange(0, BLOCK_KB // 8)
+    word_ptrs = words_ptr + rows[:, None] * (K_BYTES // 4) + word_cols[None, :]
+    scale_ptrs = scale_ptr + rows[:, None] * (K_BYTES // 8) + block_cols[None, :]
+    if EVEN_K:
+        words = tl.load(word_ptrs)  # [BN, KW] int32
+        scale = tl.load(scale_ptrs)  # [BN, KB/8] float8
+    else:
+        words = tl.load(word_ptrs, mask=(word_cols < K_BYTES // 4)[None, :], other=0)
+        scale = tl.load(scale_ptrs, mask=(block_cols < K_BYTES // 8)[None, :], other=0.0)
+    scale = tl.reshape(tl.broadcast_to(scale.to(tl.float32)[:, :, None], (BLOCK_N, BLOCK_KB // 8, 2)), (BLOCK_N, KW))  # one per word
+    if ASM:
+        e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
+            _BF16_PAIRS_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, (scale * WORD_SCALE_SHIFT).to(tl.bfloat16)],
+            dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        e0, e1, e2, e3 = (_to_dot(_code_times_scale(words, 0, scale), DOT_KIND), _to_dot(_code_times_scale(words, 1, scale), DOT_KIND),
+                          _to_dot(_code_times_scale(words, 2, scale), DOT_KIND), _to_dot(_code_times_scale(words, 3, scale), DOT_KIND))  # fmt: skip
+        e4, e5, e6, e7 = (_to_dot(_code_times_scale(words, 4, scale), DOT_KIND), _to_dot(_code_times_scale(words, 5, scale), DOT_KIND),
+                          _to_dot(_code_times_scale(words, 6, scale), DOT_KIND), _to_dot(_code_times_scale(words, 7, scale), DOT_KIND))  # fmt: skip
+    # each join adds an innermost axis, so joining on bit 2 of j first, then bit 1, then bit 0 flattens to j
+    pairs = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))  # [BN, KW, 2, 2, 2]
+    return tl.reshape(pairs, (BLOCK_N, 2 * BLOCK_KB))
+
+
+@triton.jit
+def _tile(packed_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
+          BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr):
+    """The weight tile in DECODE 0 (bytes, float16 products: e2m1 * scale * 2^-14) or 1 (words: e2m1 * scale * 2^-7)."""
+    if DECODE == 1:
+        tile = _weight_tile_words(packed_ptr, scale_ptr, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DOT_KIND == 1)
+    else:
+        tile = _weight_tile(packed_ptr, scale_ptr, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
+    return tile
+
+
 @triton.jit
 def _x_tile(x_ptr, row_offsets, K_BYTES: tl.constexpr, byte0, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr):
     """x rows at element offsets row_offsets [BM] (int64), elements 2*byte0 .. 2*(byte0+BLOCK_KB) -> dot dtype."""
@@ -220,6 +325,7 @@ def _w4a16_gemm_kernel(
     M, N, stride_xm, stride_om,
     K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
     EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, DOT_KIND: tl.constexpr, SPLIT_K: tl.constexpr, SPLIT_BYTES: tl.constexpr,
+    DECODE: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -230,9 +336,9 @@ def _w4a16_gemm_kernel(
     w_rows = tl.minimum(rows, N - 1).to(tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(0, SPLIT_BYTES, BLOCK_KB):  # this program's K slice (all of K without split-K)
-        byte0 = pid_k * SPLIT_BYTES + step
+        byte0 = tl.multiple_of(pid_k * SPLIT_BYTES + step, BLOCK_KB)
         x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-        w = _weight_tile(packed_ptr, scale_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
+        w = _tile(packed_ptr, scale_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
         acc = _dot(x, tl.trans(w), acc, DOT_KIND)
     in_range = (tokens < M)[:, None] & (rows < N)[None, :]
     if SPLIT_K > 1:  # partial sums to a float32 workspace; the program drawing the tile's last ticket adds them in split order
@@ -246,19 +352,20 @@ def _w4a16_gemm_kernel(
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for split in range(SPLIT_K):
                 acc += tl.load(workspace_ptr + tile_base + split * (BLOCK_M * BLOCK_N) + local, cache_modifier=".cg")
-            _gemm_store(acc, scale_2_ptr, w_rows, out_ptr, tokens, rows, stride_om, in_range, ROW_SCALES)
+            _gemm_store(acc, scale_2_ptr, w_rows, out_ptr, tokens, rows, stride_om, in_range, ROW_SCALES, DECODE)
             tl.store(counter_ptr + tile, 0)
     else:
-        _gemm_store(acc, scale_2_ptr, w_rows, out_ptr, tokens, rows, stride_om, in_range, ROW_SCALES)
+        _gemm_store(acc, scale_2_ptr, w_rows, out_ptr, tokens, rows, stride_om, in_range, ROW_SCALES, DECODE)
 
 
 @triton.jit
-def _gemm_store(acc, scale_2_ptr, w_rows, out_ptr, tokens, rows, stride_om, in_range, ROW_SCALES: tl.constexpr):
-    """acc times the tensor scale(s) and 2^14, rounded into out[tokens, rows] where in range."""
+def _gemm_store(acc, scale_2_ptr, w_rows, out_ptr, tokens, rows, stride_om, in_range, ROW_SCALES: tl.constexpr, DECODE: tl.constexpr):
+    """acc times the tensor scale(s) and the operand's power of two (2^14 or 2^7), rounded into out[tokens, rows] where in range."""
+    undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0
     if ROW_SCALES:
-        acc = acc * (tl.load(scale_2_ptr + w_rows) * 16384.0)[None, :]
+        acc = acc * (tl.load(scale_2_ptr + w_rows) * undo)[None, :]
     else:
-        acc = acc * (tl.load(scale_2_ptr) * 16384.0)
+        acc = acc * (tl.load(scale_2_ptr) * undo)
     out_ptrs = out_ptr + tokens[:, None].to(tl.int64) * stride_om + rows[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=in_range)
 
@@ -307,10 +414,11 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
         workspace = torch.empty(tiles * p.split_k * p.block_m * p.block_n, dtype=torch.float32, device=x.device)
         counters = ticket_counters(x.device, tiles)
     even_k = k_bytes % p.block_kb == 0 and split_bytes * p.split_k == k_bytes
+    decode = _decode(p)
     _w4a16_gemm_kernel[grid](
-        x, packed, scale, scale_2, target, workspace, counters, tokens, rows, x.stride(0), target.stride(0),
+        x, _packed_operand(packed, decode), scale, scale_2, target, workspace, counters, tokens, rows, x.stride(0), target.stride(0),
         K_BYTES=k_bytes, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KB=p.block_kb, EVEN_K=even_k,
-        ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), SPLIT_K=p.split_k, SPLIT_BYTES=split_bytes,
+        ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), SPLIT_K=p.split_k, SPLIT_BYTES=split_bytes, DECODE=decode,
         num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if target is not buffer:
@@ -336,6 +444,7 @@ def _moe_gate_up_kernel(
     x_ptr, order_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, act_ptr,
     MAX_BLOCKS, stride_xm,
     I: tl.constexpr, H_BYTES: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr,
+    DECODE: tl.constexpr = 0,
 ):
     block = tl.program_id(0)
     expert, positions, valid, safe = _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M)
@@ -350,12 +459,13 @@ def _moe_gate_up_kernel(
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for byte0 in range(0, H_BYTES, BLOCK_KB):
         x = _x_tile(x_ptr, x_rows, H_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-        w_gate = _weight_tile(packed_ptr, scale_ptr, gate_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
+        w_gate = _tile(packed_ptr, scale_ptr, gate_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
         acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
-        w_up = _weight_tile(packed_ptr, scale_ptr, up_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
+        w_up = _tile(packed_ptr, scale_ptr, up_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
         acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
-    gate = acc_gate * (tl.load(scale_2_ptr + 2 * expert) * 16384.0)
-    up = acc_up * (tl.load(scale_2_ptr + 2 * expert + 1) * 16384.0)
+    undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0  # the decoded operand's power of two
+    gate = acc_gate * (tl.load(scale_2_ptr + 2 * expert) * undo)
+    up = acc_up * (tl.load(scale_2_ptr + 2 * expert + 1) * undo)
     act = gate / (1.0 + tl.exp(-gate)) * up
     out_ptrs = act_ptr + positions[:, None].to(tl.int64) * I + cols[None, :]
     tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & (cols < I)[None, :])
@@ -366,6 +476,7 @@ def _moe_down_kernel(
     act_ptr, order_ptr, weights_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, pair_out_ptr,
     MAX_BLOCKS,
     H: tl.constexpr, I_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr,
+    DECODE: tl.constexpr = 0,
 ):
     block = tl.program_id(0)
     expert, _, valid, safe = _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M)
@@ -378,10 +489,11 @@ def _moe_down_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for byte0 in range(0, I_BYTES, BLOCK_KB):
         a = _x_tile(act_ptr, act_rows, I_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-        w = _weight_tile(packed_ptr, scale_ptr, down_rows, I_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
+        w = _tile(packed_ptr, scale_ptr, down_rows, I_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
         acc = _dot(a, tl.trans(w), acc, DOT_KIND)
     routing = tl.load(weights_ptr + pairs)  # [BM] float32
-    acc = acc * (tl.load(scale_2_ptr + expert) * 16384.0) * routing[:, None]
+    undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0
+    acc = acc * (tl.load(scale_2_ptr + expert) * undo) * routing[:, None]
     out_ptrs = pair_out_ptr + pairs[:, None].to(tl.int64) * H + cols[None, :]
     tl.store(out_ptrs, acc, mask=valid[:, None] & (cols < H)[None, :])
 
@@ -472,19 +584,19 @@ def nvfp4_moe_prefill(
     act = torch.empty((pairs, inter), dtype=torch.float32 if staged else x.dtype, device=x.device)  # [P, I] sorted order
     dot_kind = _dot_kind(x.dtype)
     _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
-        x, order, table, experts.gate_up_packed.contiguous(), experts.gate_up_scale.contiguous(), experts.gate_up_scale_2.contiguous(), act,
-        blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
+        x, order, table, _packed_operand(experts.gate_up_packed.contiguous(), _decode(plan_a)), experts.gate_up_scale.contiguous(),
+        experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
         BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb, EVEN_K=(hidden // 2) % plan_a.block_kb == 0,
-        DOT_KIND=dot_kind, num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
+        DOT_KIND=dot_kind, DECODE=_decode(plan_a), num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
     )
     if staged:  # the interpreter truncates float32 -> bf16; torch rounds
         act = act.to(x.dtype)
     pair_out = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)  # [T*k, H]
     _moe_down_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
-        act, order, topk_weights.contiguous(), table, experts.down_packed.contiguous(), experts.down_scale.contiguous(), experts.down_scale_2.contiguous(), pair_out,
-        blocks, H=hidden, I_BYTES=inter // 2,
+        act, order, topk_weights.contiguous(), table, _packed_operand(experts.down_packed.contiguous(), _decode(plan_b)), experts.down_scale.contiguous(),
+        experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
         BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
-        DOT_KIND=dot_kind, num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
+        DOT_KIND=dot_kind, DECODE=_decode(plan_b), num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
     )
     out.copy_(pair_out.view(tokens, top_k, hidden).sum(dim=1))  # fixed order over the k slots, rounded once
     return out

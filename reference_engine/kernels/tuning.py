@@ -7,12 +7,15 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
      "moe_decode": {"LOOP": 1, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 256, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 256, "WORDS": 1},
      "moe_decode_batch_one": {...the same keys, for one token},
      "gemv_words": 1, "gemm_min_tokens": 16, "gdn_step_split_below": 128, "fused_router_max_tokens": 4,
-     "dense_gemv_max_tokens": 4}
+     "dense_gemv_max_tokens": 4, "gemm_decode": 1,
+     "small_m_gemm": [{"block_m": 32, "rows": 2048, "k": 4096, "config": [64, 4, 16]}, ...]}
 
 GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1). `gemv_words` sets the word reads
 for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the last three switch the batch-1 launch savings of the GDN decode step,
 the MoE router and the small dense linears (`benchmarks/kernels/time_decode_pieces.py` measures them).
+`gemm_decode` picks the weight decode of the tensor-core GEMMs (prefill linears and experts, decode batches from
+`gemm_min_tokens`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`).
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
 their measured configuration (others keep `nvfp4_gemv.plan`), the MoE settings replace the module
@@ -50,6 +53,16 @@ class MoeSettings(BaseModel):
     WORDS: int = Field(default=0, ge=0, le=2)
 
 
+class SmallGemmEntry(BaseModel):
+    """A decode batch's tensor-core GEMM tiles for one shape (`nvfp4_gemm.SMALL_M_TUNED`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    block_m: int = Field(ge=16, le=64)
+    rows: int = Field(ge=1)
+    k: int = Field(ge=16)  # K in elements
+    config: tuple[int, int, int]  # BLOCK_N, num_warps, SPLIT_K
+
+
 class TuningFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     device: str
@@ -61,6 +74,8 @@ class TuningFile(BaseModel):
     gdn_step_split_below: int | None = Field(default=None, ge=0)  # split GDN decode heads below this many (row, head) pairs (0: never)
     fused_router_max_tokens: int | None = Field(default=None, ge=0)  # router logits + top-k in one launch up to this batch (0: never)
     dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
+    gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
+    small_m_gemm: list[SmallGemmEntry] = []
 
 
 def device_file(device_name: str) -> Path:
@@ -73,6 +88,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
         dense_gemv,
         gdn_decode_step,
         moe_decode,
+        nvfp4_gemm,
         nvfp4_gemv,
         router,
     )
@@ -92,6 +108,10 @@ def apply_tuning(path: str | Path) -> TuningFile:
             setattr(module, name, value)
     if tuning.gemm_min_tokens is not None:
         nvfp4_gemv.GEMM_MIN_TOKENS = tuning.gemm_min_tokens
+    if tuning.gemm_decode is not None:
+        nvfp4_gemm.DECODE = tuning.gemm_decode
+    for small in tuning.small_m_gemm:
+        nvfp4_gemm.SMALL_M_TUNED[(small.block_m, small.rows, small.k)] = small.config
     if tuning.moe_decode is not None:
         for name, value in tuning.moe_decode.model_dump().items():
             setattr(moe_decode, name, value)

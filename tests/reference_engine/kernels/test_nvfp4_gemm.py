@@ -47,14 +47,20 @@ for tokens, rows, k in ((1024, 8192, 2048), (1024, 2048, 4096), (1024, 32, 2048)
     p = m.plan("linear", tokens, rows, k)
     sig = common | {"x_ptr": "*bf16", "out_ptr": "*bf16", "workspace_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32", "stride_xm": "i32", "stride_om": "i32"}
     split_bytes = -(-(k // 2) // (p.split_k * p.block_kb)) * p.block_kb
-    configs.append((f"linear {tokens}x{rows}x{k} split {p.split_k}", m._w4a16_gemm_kernel, sig, {"K_BYTES": k // 2, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "ROW_SCALES": True, "DOT_KIND": m.DOT_BFLOAT16, "SPLIT_K": p.split_k, "SPLIT_BYTES": split_bytes}, p))
+    for decode in (0, 1):
+        words = {"packed_ptr": "*i32"} if decode else {}
+        configs.append((f"linear {tokens}x{rows}x{k} decode {decode} split {p.split_k}", m._w4a16_gemm_kernel, sig | words, {"K_BYTES": k // 2, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "ROW_SCALES": True, "DOT_KIND": m.DOT_BFLOAT16, "SPLIT_K": p.split_k, "SPLIT_BYTES": split_bytes, "DECODE": decode}, p))
 for pairs in (8192, 800):
     p = m.plan("moe_gate_up", pairs, 512, 2048, num_experts=256)
     sig = common | {"x_ptr": "*bf16", "order_ptr": "*i32", "blocks_ptr": "*i32", "act_ptr": "*bf16", "MAX_BLOCKS": "i32", "stride_xm": "i32"}
-    configs.append((f"moe gate_up pairs={pairs}", m._moe_gate_up_kernel, sig, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16}, p))
+    for decode in (0, 1):
+        words = {"packed_ptr": "*i32"} if decode else {}
+        configs.append((f"moe gate_up pairs={pairs} decode {decode}", m._moe_gate_up_kernel, sig | words, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": decode}, p))
     p = m.plan("moe_down", pairs, 2048, 512, num_experts=256)
     sig = common | {"act_ptr": "*bf16", "order_ptr": "*i32", "weights_ptr": "*fp32", "blocks_ptr": "*i32", "pair_out_ptr": "*fp32", "MAX_BLOCKS": "i32"}
-    configs.append((f"moe down pairs={pairs}", m._moe_down_kernel, sig, {"H": 2048, "I_BYTES": 256, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16}, p))
+    for decode in (0, 1):
+        words = {"packed_ptr": "*i32"} if decode else {}
+        configs.append((f"moe down pairs={pairs} decode {decode}", m._moe_down_kernel, sig | words, {"H": 2048, "I_BYTES": 256, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": decode}, p))
 report = {}
 for name, kernel, sig, consts, p in configs:
     compiled = triton.compile(ASTSource(kernel, sig | {key: "constexpr" for key in consts}, constexprs=consts),
@@ -174,6 +180,8 @@ out = torch.full(ref.shape, float("nan"), dtype=x.dtype)
 stale_ticket_counter(x, packed, scale, scale_2, out, split_plan)
 results["gemm_wrong"]["stale_ticket_counter"] = ("bfloat16", rel(out, ref))
 
+gemm_inputs = weights  # `weights` is reused for routing weights below
+
 # known-wrong GEMM variants
 def nibbles_swapped(x, packed, scale, scale_2, out):
     nvfp4_gemm.w4a16_gemm(x, ((packed >> 4) | (packed << 4)).to(torch.uint8), scale, scale_2, out)
@@ -272,6 +280,27 @@ for case in ("t5-k2-f32", "t40-k2-skew-bf16"):
     for name, stack in WRONG_STACKS.items():
         results["moe_wrong"][f"{name}|{case}"] = (dtype, rel(run_moe(x, weights, ids, stack), references[case]))
     results["moe_wrong"][f"routing_weight_not_applied|{case}"] = (dtype, rel(run_moe(x, torch.ones_like(weights), ids), references[case]))
+
+# DECODE 1 (int32 words; here the portable form of its PTX decode): outputs identical to DECODE 0's
+results["words_identical"] = {}
+for name in ("m3-bf16", "m70-rows-bf16", "m97-k80-rows-f32", "m130-bf16"):
+    x, packed, scale, scale_2, ref = gemm_inputs[name]
+    nvfp4_gemm.DECODE = 0
+    bytes_out = run_gemm(x, packed, scale, scale_2)
+    nvfp4_gemm.DECODE = 1
+    results["words_identical"][name] = bool(torch.equal(run_gemm(x, packed, scale, scale_2), bytes_out))
+x, packed, scale, scale_2, ref, split_plan = gemm_inputs["split3-uneven-m20-k320-f32"]
+out_bytes, out_words = (torch.full(ref.shape, float("nan")) for _ in range(2))
+nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, out_bytes, gemm_plan=split_plan)
+nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, out_words, gemm_plan=nvfp4_gemm.GemmPlan(*SPLIT_CASES["split3-uneven-m20-k320-f32"][5], decode=1))
+results["words_identical"]["split3-uneven"] = bool(torch.equal(out_bytes, out_words))
+for name in ("t3-k4-f32", "t40-k2-skew-bf16", "t24-k3-padding-bf16"):
+    dtype, x, weights_, ids = MOE_CASES[name]
+    nvfp4_gemm.DECODE = 0
+    bytes_out = run_moe(x, weights_, ids)
+    nvfp4_gemm.DECODE = 1
+    results["words_identical"]["moe-" + name] = bool(torch.equal(run_moe(x, weights_, ids), bytes_out))
+nvfp4_gemm.DECODE = 0
 print("JSON" + json.dumps(results))
 """
 
@@ -312,6 +341,11 @@ def test_moe_rejects_known_wrong_variants(results):
         assert error > 10 * BOUNDS[dtype], (name, error)
 
 
+def test_word_decode_matches_byte_decode_exactly(results):
+    """Both decodes give the same dot operands up to a power of two, so the outputs are bit-identical."""
+    assert len(results["words_identical"]) == 8 and all(results["words_identical"].values()), results["words_identical"]
+
+
 def test_structural_checks(results):
     failed = [name for name, ok in results["checks"] if not ok]
     assert not failed and len(results["checks"]) == 5, results["checks"]
@@ -331,8 +365,8 @@ def test_kernels_compile_for_sm90_without_spills():
         pytest.skip("Triton's bundled ptxas is not available")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout[result.stdout.rindex("JSON") + 4:])
-    assert len(report) == 10
-    assert sum(not name.endswith(" split 1") for name in report if name.startswith("linear")) == 3  # decode batches split K
+    assert len(report) == 20
+    assert sum(not name.endswith(" split 1") for name in report if name.startswith("linear")) == 6  # decode batches split K
     for name, info in report.items():
         assert info["spill_bytes"] == 0 and info["tensor_cores"], (name, info)
 
@@ -460,3 +494,49 @@ def test_small_batch_split_k_gemm_on_cuda(tokens, rows, columns):
     assert _rel(outs[0], expected) < 1e-2
     assert torch.equal(outs[0], outs[1])
     assert int(ticket_counters(x.device, 1).abs().sum()) == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("tokens", "rows", "columns"), [(1024, 8192, 2048), (1024, 2048, 4096), (32, 12288, 2048), (8, 2048, 4096)])
+def test_word_decode_in_ptx_is_bit_identical_on_cuda(tokens, rows, columns, monkeypatch):
+    """DECODE 1 on the GPU runs the PTX bfloat16 decode (subnormal 0.5 codes included): the same bits as DECODE 0."""
+    from reference_engine.kernels import nvfp4_gemm
+    from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+    generator = torch.Generator().manual_seed(rows + columns)
+    packed, scale, scale_2 = (t.cuda() for t in quantize_nvfp4(torch.randn(rows, columns, generator=generator) * 0.02))
+    assert int(((packed & 7) == 1).sum()) > 0  # codes 0.5 occur (the bfloat16 subnormal)
+    x = torch.randn(tokens, columns, generator=generator).to(torch.bfloat16).cuda()
+    outs = []
+    for decode in (0, 1):
+        monkeypatch.setattr(nvfp4_gemm, "DECODE", decode)
+        out = torch.full((tokens, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
+        nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, out)
+        outs.append(out)
+    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.cuda
+def test_word_decode_moe_is_bit_identical_on_cuda(monkeypatch):
+    from reference_engine.kernels import nvfp4_gemm
+    from reference_engine.kernels.moe_decode import stack_nvfp4_experts
+    from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+    generator = torch.Generator().manual_seed(11)
+    experts_count, hidden, inter, top_k, tokens = 16, 2048, 512, 8, 300
+
+    def quantized(rows, cols):
+        return tuple(t.cuda() for t in quantize_nvfp4(torch.randn(rows, cols, generator=generator) * cols**-0.5))
+
+    experts = stack_nvfp4_experts([quantized(inter, hidden) for _ in range(experts_count)], [quantized(inter, hidden) for _ in range(experts_count)],
+                                  [quantized(hidden, inter) for _ in range(experts_count)])  # fmt: skip
+    x = torch.randn(tokens, hidden, generator=generator).to(torch.bfloat16).cuda()
+    ids = torch.stack([torch.randperm(experts_count, generator=generator)[:top_k] for _ in range(tokens)]).int().cuda()
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=generator), -1).cuda()
+    outs = []
+    for decode in (0, 1):
+        monkeypatch.setattr(nvfp4_gemm, "DECODE", decode)
+        out = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out)
+        outs.append(out)
+    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
