@@ -47,12 +47,14 @@ def default_num_blocks(model, config: EngineConfig) -> int:
 
 
 class LLMEngine:
-    def __init__(self, model, tokenizer, config: EngineConfig, decode_mode: str = "auto", use_triton: bool = True) -> None:
+    def __init__(self, model, tokenizer, config: EngineConfig, decode_mode: str = "auto", use_triton: bool = True,
+                 prefill_graphs: bool | None = None) -> None:  # fmt: skip
         """decode_mode: "auto" (CUDA graphs on CUDA, eager on the CPU), "eager", "static" or "graphs" (see runner.py);
-        use_triton: the static decode path calls Triton kernels on CUDA where they exist (ops/backend.py)."""
+        use_triton: the static decode path calls Triton kernels on CUDA where they exist (ops/backend.py);
+        prefill_graphs: a fresh prompt's prefill padded to a bucket and replayed from a graph (None: with "graphs")."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
         num_blocks = config.num_blocks if config.num_blocks is not None else default_num_blocks(model, config)
-        self.runner = ModelRunner(model, config, num_blocks, decode_mode=decode_mode, use_triton=use_triton)
+        self.runner = ModelRunner(model, config, num_blocks, decode_mode=decode_mode, use_triton=use_triton, prefill_graphs=prefill_graphs)
         self.scheduler = Scheduler(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,

@@ -8,7 +8,9 @@ Decode steps (one new token per sequence) go through `cuda_graphs.StaticDecoder`
 `decode_mode="eager"`: "graphs" (the default on CUDA) replays a CUDA graph per bucketed batch size,
 "static" runs the same static-shape step eagerly (for tests on the CPU and for profiling). The
 caches hold one extra KV block and one extra state slot beyond what the scheduler hands out: the
-scratch space that the padding rows of a bucket write into. Prefill and mixed steps stay eager.
+scratch space that the padding rows of a bucket write into. A fresh prompt's prefill (one sequence, no cached
+prefix) goes through `prefill_graphs.PrefillGraphs` in "graphs" mode (padded to a bucket of prompt lengths,
+a graph per bucket); other prefill and mixed steps stay eager.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.eager_ops import forced_backend
 from reference_engine.ops.backend import select_ops
 from reference_engine.ops.host_values import one_forward
+from reference_engine.prefill_graphs import PrefillGraphs
 from reference_engine.sampler import Sampler, SamplingRow
 from reference_engine.scheduler import SchedulerOutput
 
 
 class ModelRunner:
     def __init__(
-        self, model, config: EngineConfig, num_blocks: int, decode_mode: str = "auto", use_triton: bool = True
+        self, model, config: EngineConfig, num_blocks: int, decode_mode: str = "auto", use_triton: bool = True, prefill_graphs: bool | None = None
     ) -> None:
+        """prefill_graphs: one fresh prompt's prefill through `PrefillGraphs` (None: when decode_mode is "graphs";
+        True with decode_mode "static" runs its padded forward eagerly, for tests)."""
         self.model = model
         self.config = config
         self.device = torch.device(model.device)
@@ -59,6 +64,16 @@ class ModelRunner:
             self.decoder = StaticDecoder(
                 model, self.caches, config.max_num_seqs, -(-config.max_model_len // config.block_size),
                 ScratchSpace(block=num_blocks, slot=config.max_num_seqs, block_size=config.block_size), use_graphs=decode_mode == "graphs", ops=self.ops,
+            )  # fmt: skip
+        if prefill_graphs is None:
+            prefill_graphs = decode_mode == "graphs"
+        self.prefill_graphs: PrefillGraphs | None = None
+        if prefill_graphs:
+            if decode_mode == "eager":
+                raise ValueError("prefill_graphs needs decode_mode 'static' or 'graphs' (they own the scratch block and slot)")
+            self.prefill_graphs = PrefillGraphs(
+                model, self.caches, config.max_num_batched_tokens, -(-config.max_model_len // config.block_size),
+                ScratchSpace(block=num_blocks, slot=config.max_num_seqs, block_size=config.block_size), use_graphs=decode_mode == "graphs",
             )  # fmt: skip
         self.last_logits: torch.Tensor | None = (
             None  # [S, V] float32 of the last step (tests and accuracy gates read it)
@@ -179,6 +194,11 @@ class ModelRunner:
                 return greedy_tokens.tolist(), [None] * len(
                     rows
                 )  # the only host sync of a greedy decode step
+            return self.sampler(logits, rows)
+        if self.prefill_graphs is not None and self.prefill_graphs.accepts(plan):  # one fresh prompt: a bucket's graph
+            with forced_backend("torch") if not self.use_triton else contextlib.nullcontext():
+                logits = self.prefill_graphs.run(plan)  # [1, V] float32
+            self.last_logits = logits
             return self.sampler(logits, rows)
         batch = self.prepare(plan)
         with forced_backend("torch") if not self.use_triton else contextlib.nullcontext(), one_forward():  # Triton on CUDA unless use_triton

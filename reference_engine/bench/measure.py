@@ -168,6 +168,16 @@ class EngineBench:
             "output_tokens": self.output_tokens,
         }
 
+    def prefill_mode(self) -> str:
+        graphs = getattr(self.recorder.runner, "prefill_graphs", None)
+        if graphs is None:
+            return "eager"
+        if graphs.capture_error:
+            return f"padded, eager (graph capture failed: {graphs.capture_error})"
+        if graphs.use_graphs:
+            return f"graphs, prompt lengths padded to multiples of {graphs.bucket_tokens} (buckets captured: {list(graphs.captured_buckets)})"
+        return f"padded to multiples of {graphs.bucket_tokens}, eager"
+
     def decode_mode(self) -> str:
         decoder = self.recorder.runner.decoder
         if decoder is None:

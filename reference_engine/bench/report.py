@@ -67,6 +67,7 @@ def markdown(document: dict) -> str:
         f"- our decode path in the timed runs: {document['ours']['decode_mode']}"
         if document.get("ours")
         else "- our figures: not measured",
+        *([f"- our prefill path (one fresh prompt): {document['ours']['prefill_mode']}"] if document.get("ours", {}).get("prefill_mode") else []),
         "",
         "| figure | ours | floor | ours/floor | peer | peer/ours |",
         "|---|---|---|---|---|---|",

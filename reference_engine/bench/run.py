@@ -240,6 +240,7 @@ def run_bench(options: BenchOptions, log: Callable[[str], None] = print) -> dict
     ours["ttft"], our_logits = bench.ttft(prompt, repeats=options.ttft_repeats)
     ours["tpot"] = bench.tpot(prompt)
     ours["decode_mode"] = bench.decode_mode()
+    ours["prefill_mode"] = bench.prefill_mode()
     save(partial=True)
 
     if options.peer:

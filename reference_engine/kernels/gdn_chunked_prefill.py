@@ -217,11 +217,27 @@ def _gdn_chunk_scan_kernel(
     tl.store(final_state_ptr + hi_offsets, s_hi, mask=hi_mask)
 
 
+_ONE_SEQUENCE_TABLES: dict[tuple[int, int, str], tuple[torch.Tensor, ...]] = {}  # (T, chunk, device) -> a one-sequence batch's table
+
+
 def _chunk_table_from_offsets(offsets: list[int], num_tokens: int, chunk: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Chunk slots of a ragged batch, built on the host from the offsets the input check already read (one
     copy to the device, no launches). Returns chunk_start [N], chunk_len [N] (0 for unused slots),
     seq_first [B], seq_count [B], all int32, with N = T // C + B: sequence b owns slots seq_first[b] ..
-    seq_first[b] + seq_count[b] - 1, slot j of it covering tokens cu[b] + j*C .. min(cu[b] + (j+1)*C, cu[b+1]) - 1."""
+    seq_first[b] + seq_count[b] - 1, slot j of it covering tokens cu[b] + j*C .. min(cu[b] + (j+1)*C, cu[b+1]) - 1.
+
+    A one-sequence batch's table is kept per token count (never freed: a CUDA graph captured over it,
+    `prefill_graphs.py`, reads it at every replay, and a capture may not copy from pageable host memory)."""
+    key = (num_tokens, chunk, str(device))
+    if len(offsets) == 2 and key in _ONE_SEQUENCE_TABLES:
+        return _ONE_SEQUENCE_TABLES[key]
+    table = _build_chunk_table(offsets, num_tokens, chunk, device)
+    if len(offsets) == 2:
+        _ONE_SEQUENCE_TABLES[key] = table
+    return table
+
+
+def _build_chunk_table(offsets: list[int], num_tokens: int, chunk: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     num_seqs = len(offsets) - 1
     num_slots = num_tokens // chunk + num_seqs
     start, length, first, counts = [0] * num_slots, [0] * num_slots, [], []

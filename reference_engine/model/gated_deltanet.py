@@ -28,6 +28,16 @@ from reference_engine.ops.linear_attention import (
 )
 
 
+def _last_conv_inputs(mixed: torch.Tensor, conv_in: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The conv state after the first `valid` rows of a one-sequence prefill: its last K-1 inputs, oldest first,
+    reaching back into the initial state `conv_in [1, C, K-1]` when the prompt is shorter (device indices only)."""
+    width = conv_in.shape[2]
+    rows = valid - width + torch.arange(width, device=mixed.device)  # [K-1] rows of `mixed`, negative: before the prompt
+    from_prompt = mixed.index_select(0, rows.clamp(min=0)).t()  # [C, K-1]
+    from_state = conv_in[0].index_select(1, (rows + width).clamp(max=width - 1))  # [C, K-1]
+    return torch.where(rows[None, :] >= 0, from_prompt, from_state)[None]  # [1, C, K-1]
+
+
 @dataclass(frozen=True)
 class GatedDeltaNet:
     layer_index: int
@@ -95,6 +105,9 @@ class GatedDeltaNet:
             causal_conv1d_update(mixed, self.conv_weight, conv_in, out=conv_out, conv_state_out=conv_state_out)
         else:
             eager_op("causal_conv1d", mixed)(mixed, self.conv_weight, batch.cu_seqlens_q, conv_in, out=conv_out, final_state=conv_state_out)
+        valid = getattr(batch, "valid_tokens", None)  # a padded prefill (prefill_graphs.py): rows valid.. are padding
+        if valid is not None:
+            conv_state_out.copy_(_last_conv_inputs(mixed, conv_in, valid))
         caches.conv_state[self.layer_index][batch.state_slots] = conv_state_out
 
         query = conv_out[:, :key_dim].reshape(num_tokens, self.num_k_heads, self.k_head_dim)  # [T, Hk, Dk]
@@ -103,6 +116,10 @@ class GatedDeltaNet:
         g = torch.empty(num_tokens, self.num_v_heads, dtype=torch.float32, device=x.device)  # [T, Hv]
         beta = torch.empty(num_tokens, self.num_v_heads, dtype=torch.float32, device=x.device)  # [T, Hv]
         gdn_gates(a, b, self.A_log, self.dt_bias, g=g, beta=beta)
+        if valid is not None:  # padding rows: decay exp(0) = 1 and beta 0 leave the state exactly as the prompt left it
+            keep = (torch.arange(num_tokens, device=x.device) < valid).to(torch.float32)[:, None]  # [T, 1]
+            g.mul_(keep)
+            beta.mul_(keep)
 
         core = torch.empty(num_tokens, self.num_v_heads, self.v_head_dim, dtype=x.dtype, device=x.device)  # [T, Hv, Dv]
         state_out = torch.empty_like(state_in)  # [B, Hv, Dk, Dv]
