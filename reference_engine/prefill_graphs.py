@@ -21,6 +21,7 @@ the real step), then the capture records the same forward. Modes as in `cuda_gra
 
 from __future__ import annotations
 
+import traceback
 import warnings
 from dataclasses import dataclass
 
@@ -58,7 +59,7 @@ class PrefillGraphs:
             raise ValueError(f"bucket_tokens must be positive, got {bucket_tokens}")
         self.model, self.caches, self.scratch, self.use_graphs = model, caches, scratch, use_graphs
         self.device, self.bucket_tokens, self.max_blocks_per_seq = device, bucket_tokens, max_blocks_per_seq
-        self.max_tokens = min(max_tokens // bucket_tokens * bucket_tokens, max_blocks_per_seq * scratch.block_size)
+        self.max_tokens = min(max_tokens, max_blocks_per_seq * scratch.block_size) // bucket_tokens * bucket_tokens  # whole buckets only
         rows = max(self.max_tokens, 1)
         self.input_ids = torch.zeros(rows, dtype=torch.int64, device=device)  # [Tmax]
         self.positions = torch.arange(rows, dtype=torch.int64, device=device)  # [Tmax], a fresh prompt starts at 0
@@ -70,7 +71,8 @@ class PrefillGraphs:
         self.valid_tokens = torch.ones(1, dtype=torch.int64, device=device)  # [1]: T
         self.staging = torch.zeros(rows * 2 + max_blocks_per_seq + 3, dtype=torch.int64, device=device)
         self._host = torch.zeros(self.staging.shape[0], dtype=torch.int64, pin_memory=device.type == "cuda")
-        self._metadata: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # bucket -> (cu_seqlens [0, Tb], seq_lens [Tb])
+        self._batches: dict[int, PaddedPrefillBatch] = {}  # one per bucket: the same tensors at every call (ops/host_values.py
+        # reads each one's host copy once per forward, keyed by the tensor: a fresh view would be read again, mid-capture)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self._pool = None
@@ -88,12 +90,13 @@ class PrefillGraphs:
         )
 
     def batch(self, bucket: int) -> PaddedPrefillBatch:
-        if bucket not in self._metadata:
-            self._metadata[bucket] = (
-                torch.tensor([0, bucket], dtype=torch.int32, device=self.device),
-                torch.tensor([bucket], dtype=torch.int32, device=self.device),
-            )
-        cu_seqlens, seq_lens = self._metadata[bucket]
+        if bucket not in self._batches:
+            self._batches[bucket] = self._make_batch(bucket)
+        return self._batches[bucket]
+
+    def _make_batch(self, bucket: int) -> PaddedPrefillBatch:
+        cu_seqlens = torch.tensor([0, bucket], dtype=torch.int32, device=self.device)  # [2]: the bucket's layout
+        seq_lens = torch.tensor([bucket], dtype=torch.int32, device=self.device)  # [1]
         return PaddedPrefillBatch(
             input_ids=self.input_ids[:bucket], positions=self.positions[:bucket], cu_seqlens_q=cu_seqlens, seq_lens=seq_lens,
             block_tables=self.block_tables, slot_mapping=self.slot_mapping[:bucket], state_slots=self.state_slots,
@@ -155,7 +158,8 @@ class PrefillGraphs:
                 self._outputs[bucket] = self._forward(bucket)
         except RuntimeError as error:
             self._outputs.pop(bucket, None)
-            self.capture_error = f"{type(error).__name__}: {error}"[:400]
+            where = [f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" for frame in traceback.extract_tb(error.__traceback__) if "reference_engine" in frame.filename]
+            self.capture_error = f"{type(error).__name__}: {error}"[:300] + (f" (at {' <- '.join(reversed(where[-4:]))})" if where else "")
             self.use_graphs = False
             warnings.warn(f"prefill graph capture failed, prefills run eagerly: {self.capture_error}", RuntimeWarning, stacklevel=3)
             return logits

@@ -145,3 +145,21 @@ def test_graph_prefill_matches_the_eager_prefill_on_cuda(length) -> None:
     assert float((eager[0] - graph[0]).abs().max()) < 0.05 * scale
     assert _max_difference(eager[2], graph[2]) < 0.05 * max(float(t.abs().max()) for t in eager[2].values())
     assert eager[4][:1] == graph[4][:1]
+
+
+def test_a_repeated_forward_reads_no_metadata_from_the_device(model) -> None:
+    """A graph capture may not read device tensors to the host: the capture repeats the warm-up forward in one
+    `one_forward` scope, so every host read of batch metadata must hit the values the warm-up read (a fresh
+    view per call would miss and sync mid-capture)."""
+    from reference_engine.ops import host_values
+
+    engine = _engine(model, padded=True)
+    graphs = engine.runner.prefill_graphs
+    graphs.bucket_tokens = BUCKET
+    engine.add_request(prompt_token_ids=_prompt(20, 5, model.config.vocab_size), params=SamplingParams(temperature=0, max_tokens=1))
+    bucket = graphs.fill(engine.scheduler.schedule())
+    with torch.inference_mode(), host_values.one_forward():
+        graphs._forward(bucket)
+        read = dict(host_values._SCOPE.get())
+        graphs._forward(bucket)
+        assert read and host_values._SCOPE.get().keys() == read.keys()
