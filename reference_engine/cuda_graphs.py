@@ -54,6 +54,33 @@ def bucket_for(num_seqs: int, buckets: tuple[int, ...]) -> int:
     )
 
 
+class CaptureFailed(Exception):
+    """Graph capture raised `error`; `result` is the real step's result from the run before it."""
+
+    def __init__(self, error: RuntimeError, result) -> None:
+        super().__init__(str(error))
+        self.error, self.result = error, result
+
+
+def run_then_capture(forward, device: torch.device, pool):
+    """(the real result, the graph, the captured call's outputs) of `forward()`: run once on a side stream (the
+    real step; library handles and workspaces are created off the capture), its tensors cloned, then recorded
+    into a new graph in `pool` (recording runs nothing). CaptureFailed when the capture raises."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        result = forward()
+        result = tuple(t.clone() for t in result) if isinstance(result, tuple) else result.clone()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            outputs = forward()
+    except RuntimeError as error:
+        raise CaptureFailed(error, result) from error
+    return result, graph, outputs
+
+
 @dataclass(frozen=True)
 class ScratchSpace:
     block: int  # a KV block no sequence owns
@@ -224,25 +251,13 @@ class StaticDecoder:
 
     def _warm_up_and_capture(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the real step eagerly on a side stream (lazy initialisation happens there), then record a graph."""
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            logits, tokens = self._forward(bucket)
-            logits, tokens = (
-                logits.clone(),
-                tokens.clone(),
-            )  # the real step's result; the capture below runs nothing
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._outputs[bucket] = self._forward(bucket)
-        except RuntimeError as error:
-            self._outputs.pop(bucket, None)
-            self._capture_failed(error)
-            return logits, tokens
+            (logits, tokens), graph, self._outputs[bucket] = run_then_capture(lambda: self._forward(bucket), self.device, self._pool)
+        except CaptureFailed as failure:
+            self._capture_failed(failure.error)
+            return failure.result
         self._graphs[bucket] = graph
         return logits, tokens
 

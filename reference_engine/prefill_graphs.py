@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from reference_engine.cache.tensors import ModelCaches
-from reference_engine.cuda_graphs import ScratchSpace
+from reference_engine.cuda_graphs import CaptureFailed, ScratchSpace, run_then_capture
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.ops.host_values import one_forward
 from reference_engine.scheduler import SchedulerOutput
@@ -145,24 +145,17 @@ class PrefillGraphs:
             return self._run_and_capture(bucket)
 
     def _run_and_capture(self, bucket: int) -> torch.Tensor:
-        side = torch.cuda.Stream(self.device)  # lazy initialisation (library handles, workspaces) happens off the capture
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            logits = self._forward(bucket).clone()  # the real step; also compiles every kernel at these shapes
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._outputs[bucket] = self._forward(bucket)
-        except RuntimeError as error:
-            self._outputs.pop(bucket, None)
+            logits, graph, self._outputs[bucket] = run_then_capture(lambda: self._forward(bucket), self.device, self._pool)
+        except CaptureFailed as failure:
+            error = failure.error
             where = [f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" for frame in traceback.extract_tb(error.__traceback__) if "reference_engine" in frame.filename]
             self.capture_error = f"{type(error).__name__}: {error}"[:300] + (f" (at {' <- '.join(reversed(where[-4:]))})" if where else "")
             self.use_graphs = False
             warnings.warn(f"prefill graph capture failed, prefills run eagerly: {self.capture_error}", RuntimeWarning, stacklevel=3)
-            return logits
+            return failure.result
         self._graphs[bucket] = graph
         return logits
 

@@ -223,40 +223,22 @@ def _weight_tile(packed_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
 # same shifts move nibble j of the low half and nibble j + 4 of the high half. About 2.5 instructions per weight,
 # against about 11 for DECODE 0 (bytes, float16, converted to bfloat16; sm_90 SASS of the loop, 128 x 64 tiles).
 WORD_SCALE_SHIFT = tl.constexpr(2.0**119)  # the block scale's factor in DECODE 1
-WORD_EPILOGUE = 128.0  # 2^7: undoes the operand's 2^-7
-_BF16_PAIRS_ASM = tl.constexpr("""
-{
-.reg .b32 s2, m, g, v;
-mov.b32 s2, {$9, $9};
-shl.b32 m, $8, 6;
-shl.b32 g, $8, 12;
-and.b32 m, m, 0x01C001C0;
-and.b32 g, g, 0x80008000;
-or.b32 v, m, g;
-mul.rn.bf16x2 v, v, s2;
-mov.b32 {$0, $1}, v;
-shl.b32 m, $8, 2;
-shl.b32 g, $8, 8;
-and.b32 m, m, 0x01C001C0;
-and.b32 g, g, 0x80008000;
-or.b32 v, m, g;
-mul.rn.bf16x2 v, v, s2;
-mov.b32 {$2, $3}, v;
-shr.b32 m, $8, 2;
-shl.b32 g, $8, 4;
-and.b32 m, m, 0x01C001C0;
-and.b32 g, g, 0x80008000;
-or.b32 v, m, g;
-mul.rn.bf16x2 v, v, s2;
-mov.b32 {$4, $5}, v;
-shr.b32 m, $8, 6;
-and.b32 m, m, 0x01C001C0;
-and.b32 g, $8, 0x80008000;
-or.b32 v, m, g;
-mul.rn.bf16x2 v, v, s2;
-mov.b32 {$6, $7}, v;
-}
-""")
+
+
+def _bf16_pairs_asm() -> str:
+    """PTX: int32 word $8 (8 codes) and bf16 scale $9 -> $0..$7 = codes (0, 4), (1, 5), (2, 6), (3, 7) as bf16,
+    each pair from one register: magnitude bits of code j shifted to bits 6..8 (and 22..24 for code j + 4),
+    sign bits to 15 and 31, then one mul.rn.bf16x2 by the scale."""
+    lines = ["{", ".reg .b32 s2, m, g, v;", "mov.b32 s2, {$9, $9};"]
+    for j in range(4):
+        magnitude, sign = 6 - 4 * j, 12 - 4 * j  # left shifts (negative: right) for code j's bits 4j..4j+2 and 4j+3
+        lines.append(f"shl.b32 m, $8, {magnitude};" if magnitude >= 0 else f"shr.b32 m, $8, {-magnitude};")
+        lines.append(f"shl.b32 g, $8, {sign};")
+        lines += ["and.b32 m, m, 0x01C001C0;", "and.b32 g, g, 0x80008000;", "or.b32 v, m, g;", "mul.rn.bf16x2 v, v, s2;", f"mov.b32 {{${2 * j}, ${2 * j + 1}}}, v;"]
+    return "\n".join([*lines, "}"])
+
+
+_BF16_PAIRS_ASM = tl.constexpr(_bf16_pairs_asm())
 
 
 @triton.jit
