@@ -1,9 +1,9 @@
 """Prefill of one fresh prompt replayed from a CUDA graph captured per bucket of prompt lengths.
 
 A prefill of T tokens launches thousands of kernels; on an H200 the host issues them more slowly than the GPU
-runs them (a 1024-token prefill: 72 ms of kernels in 103 ms). A graph removes the host from the step. Shapes
-must be fixed, so a prompt of T tokens runs at the bucket Tb = T rounded up to `BUCKET_TOKENS`: the
-Tb - T padding tokens sit after the prompt and are made harmless:
+runs them (a 1024-token eager prefill: 77.6 ms of kernels in 101 to 105 ms, benchmarks/NOTES.md). A graph
+removes the host from the step. Shapes must be fixed, so a prompt of T tokens runs at the bucket Tb = T
+rounded up to `BUCKET_TOKENS`: the Tb - T padding tokens sit after the prompt and are made harmless:
 - attention is causal, so no prompt token sees a padding token; padding tokens write their K/V into the
   runner's scratch block (slots no sequence owns), and the block table's entries past the prompt's blocks
   name the scratch block;
