@@ -46,13 +46,21 @@ static_moe.moe_block_decode(xs, block.router_weight, block.experts.stacked, bloc
 settings = {"device": "test", "nvfp4_gemv": [{"tokens": 1, "rows": 48, "k_bytes": 128, "config": [1, 8, 64, 2, 4, 1, 1]}],
             "moe_decode": {"LOOP": 3, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 32, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 16, "WORDS": 1},
             "moe_decode_batch_one": {"LOOP": 0, "GATE_UP_BLOCK_N": 16, "GATE_UP_BLOCK_K": 16, "DOWN_BLOCK_H": 16, "DOWN_BLOCK_I": 16, "WORDS": 2},
-            "gemv_words": 1, "gemm_min_tokens": 16}
+            "gemv_words": 1, "gemm_min_tokens": 16, "gemm_decode": 1, "small_m_gemm": [{"block_m": 16, "rows": 48, "k": 256, "config": [16, 4, 2]}]}
 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
     json.dump(settings, handle)
 tuning.apply_tuning(handle.name)
 assert nvfp4_gemv.TUNED[(1, 48, 128)] == (1, 8, 64, 2, 4, 1, 1) and moe_decode.LOOP == 3 and moe_decode.DOWN_BLOCK_I == 16
 assert moe_decode.WORDS == 1 and nvfp4_gemv.WORDS == 1 and nvfp4_gemv.GEMM_MIN_TOKENS == 16
 assert moe_decode._settings(1) == (0, 16, 16, 16, 16, 2) and moe_decode._settings(3) == (3, 8, 32, 8, 16, 1)
+from reference_engine.kernels import nvfp4_gemm
+assert nvfp4_gemm.DECODE == 1 and nvfp4_gemm.plan("linear", 16, 48, 256) == nvfp4_gemm.GemmPlan(16, 16, 32, 4, 3, 2)
+xs16 = torch.randn(16, 256, generator=g)
+gemm_expected = torch.empty(16, 48)
+w4a16_linear(xs16, packed, scale, scale_2, gemm_expected)
+gemm_out = torch.full((16, 48), float("nan"))
+nvfp4_gemv.w4a16_linear(xs16, packed, scale, scale_2, gemm_out)  # 16 tokens >= gemm_min_tokens: the tuned split-K GEMM, word decode
+assert float((gemm_out - gemm_expected).abs().max()) < 1e-4, (gemm_out - gemm_expected).abs().max()
 out = torch.full((1, 48), float("nan"))
 nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, out)
 assert float((out - expected).abs().max()) < 1e-4, (out - expected).abs().max()
