@@ -496,6 +496,19 @@ def test_small_batch_split_k_gemm_on_cuda(tokens, rows, columns):
     assert int(ticket_counters(x.device, 1).abs().sum()) == 0
 
 
+def _assert_decodes_agree(run, shape: tuple[int, int], monkeypatch) -> None:
+    """`run(out)` with DECODE 0 and with DECODE 1 (outputs poisoned first): finite and bit-identical."""
+    from reference_engine.kernels import nvfp4_gemm
+
+    outs = []
+    for decode in (0, 1):
+        monkeypatch.setattr(nvfp4_gemm, "DECODE", decode)
+        out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+        run(out)
+        outs.append(out)
+    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize(("tokens", "rows", "columns"), [(1024, 8192, 2048), (1024, 2048, 4096), (32, 12288, 2048), (8, 2048, 4096)])
 def test_word_decode_in_ptx_is_bit_identical_on_cuda(tokens, rows, columns, monkeypatch):
@@ -507,13 +520,7 @@ def test_word_decode_in_ptx_is_bit_identical_on_cuda(tokens, rows, columns, monk
     packed, scale, scale_2 = (t.cuda() for t in quantize_nvfp4(torch.randn(rows, columns, generator=generator) * 0.02))
     assert int(((packed & 7) == 1).sum()) > 0  # codes 0.5 occur (the bfloat16 subnormal)
     x = torch.randn(tokens, columns, generator=generator).to(torch.bfloat16).cuda()
-    outs = []
-    for decode in (0, 1):
-        monkeypatch.setattr(nvfp4_gemm, "DECODE", decode)
-        out = torch.full((tokens, rows), float("nan"), dtype=torch.bfloat16, device="cuda")
-        nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, out)
-        outs.append(out)
-    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
+    _assert_decodes_agree(lambda out: nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, out), (tokens, rows), monkeypatch)
 
 
 @pytest.mark.cuda
@@ -533,10 +540,4 @@ def test_word_decode_moe_is_bit_identical_on_cuda(monkeypatch):
     x = torch.randn(tokens, hidden, generator=generator).to(torch.bfloat16).cuda()
     ids = torch.stack([torch.randperm(experts_count, generator=generator)[:top_k] for _ in range(tokens)]).int().cuda()
     weights = torch.softmax(torch.randn(tokens, top_k, generator=generator), -1).cuda()
-    outs = []
-    for decode in (0, 1):
-        monkeypatch.setattr(nvfp4_gemm, "DECODE", decode)
-        out = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-        nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out)
-        outs.append(out)
-    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
+    _assert_decodes_agree(lambda out: nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out), (tokens, hidden), monkeypatch)
