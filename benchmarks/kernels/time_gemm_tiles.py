@@ -1,5 +1,5 @@
-"""Time the NVFP4 tensor-core GEMMs: weight decode 0 (bytes) against 1 (int32 words, PTX) at prefill shapes,
-and the tiles of decode batches (BLOCK_N, warps, split-K); write the winners into a tuning file.
+"""Time the NVFP4 tensor-core GEMMs: weight decodes (`DECODES`: 1 int32 words in PTX, 2 the scales read as words
+too; run13 also timed 0, bytes) at prefill shapes, and the tiles of decode batches (BLOCK_N, warps, split-K); write the winners into a tuning file.
 
     PYTHONPATH=. python3 benchmarks/kernels/time_gemm_tiles.py results.json [tuning-out.json]
 
@@ -35,6 +35,7 @@ SMALL_SHAPES = [(12288, 2048), (9216, 2048), (2048, 4096)]
 SMALL_TOKENS = (8, 32, 64)
 GRID = [(block_n, 4 if block_n == 64 else 8, split) for block_n in (64, 128) for split in (1, 2, 4, 8, 16)]
 L2_BYTES = 60e6
+DECODES = (1, 2)  # compared at every prefill shape; the faster total is written as `gemm_decode`
 
 
 def weights(rows: int, k: int):
@@ -67,12 +68,12 @@ def with_decode(p, decode: int):
 
 
 def prefill(records: list) -> dict[int, float]:
-    totals = {0: 0.0, 1: 0.0}
+    totals = dict.fromkeys(DECODES, 0.0)
     x = torch.randn(PREFILL_TOKENS, 4096, device="cuda").bfloat16()
     for rows, k in PREFILL_SHAPES:
         made = weights(rows, k)
         base = nvfp4_gemm.plan("linear", PREFILL_TOKENS, rows, k, torch.cuda.get_device_properties(0).multi_processor_count)
-        for decode in (0, 1):
+        for decode in DECODES:
             us, error = time_linear(x[:, :k].contiguous(), made, with_decode(base, decode))
             totals[decode] += us
             flops = 2 * PREFILL_TOKENS * rows * k
@@ -96,13 +97,13 @@ def moe(records: list) -> dict[int, float]:
     down, d_scale, d_s2 = stack(hidden, inter)
     experts = static_moe.StackedNvfp4Experts(gate_up, gu_scale, gu_s2.reshape(1, 1).expand(experts_count, 2).contiguous(), down, d_scale,
                                             d_s2.reshape(1).expand(experts_count).contiguous())  # fmt: skip
-    totals = {0: 0.0, 1: 0.0}
+    totals = dict.fromkeys(DECODES, 0.0)
     for tokens in (PREFILL_TOKENS, 32):
         x = torch.randn(tokens, hidden, device="cuda").bfloat16()
         ids = torch.stack([torch.randperm(experts_count, device="cuda")[:top_k] for _ in range(tokens)]).int()
         routing = torch.softmax(torch.randn(tokens, top_k, device="cuda"), -1)
         outs = {}
-        for decode in (0, 1):
+        for decode in DECODES:
             nvfp4_gemm.DECODE = decode
             out = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
             nvfp4_gemm.nvfp4_moe_prefill(x, routing, ids, experts, out, check_ids=False)
@@ -117,9 +118,9 @@ def moe(records: list) -> dict[int, float]:
                 totals[decode] += us
             records.append({"part": "moe grouped", "tokens": tokens, "decode": decode, "us": us})
             print(f"moe grouped T={tokens} decode {decode}: {us:8.1f} us", flush=True)
-        same = bool(torch.equal(outs[0], outs[1]))
+        same = all(torch.equal(outs[DECODES[0]], outs[decode]) for decode in DECODES)
         records.append({"part": "moe grouped", "tokens": tokens, "decodes_identical": same})
-        print(f"moe grouped T={tokens}: decode 0 and 1 outputs identical: {same}", flush=True)
+        print(f"moe grouped T={tokens}: decodes {DECODES} outputs identical: {same}", flush=True)
     nvfp4_gemm.DECODE = 0
     return totals
 
@@ -133,8 +134,7 @@ def small_batches(records: list, decode: int) -> list[dict]:
             x = torch.randn(tokens, k, device="cuda").bfloat16()
             block_m = nvfp4_gemm._pow2_between(tokens, 16, 64)
             auto = nvfp4_gemm.plan("linear", tokens, rows, k, sm)
-            candidates = {"before (128-row tiles, no split)": nvfp4_gemm.GemmPlan(block_m, 128, 32, 8, 3, 1, 0), "auto decode 0": with_decode(auto, 0),
-                          "auto decode 1": with_decode(auto, 1)}  # fmt: skip
+            candidates = {"before (128-row tiles, no split)": nvfp4_gemm.GemmPlan(block_m, 128, 32, 8, 3, 1, 0), **{f"auto decode {d}": with_decode(auto, d) for d in DECODES}}  # fmt: skip
             for block_n, warps, split in GRID:
                 candidates[f"grid {block_n}/{warps}/{split}"] = nvfp4_gemm.GemmPlan(block_m, block_n, 32, warps, 3, split, decode)
             best = None
@@ -159,8 +159,8 @@ def main(path: str, tuning_out: str | None) -> None:
     records: list = []
     totals = prefill(records)
     moe_totals = moe(records)
-    decode = 1 if totals[1] + moe_totals[1] < totals[0] + moe_totals[0] else 0
-    print(f"prefill linears decode 0/1: {totals[0]:.0f} / {totals[1]:.0f} us; moe: {moe_totals[0]:.0f} / {moe_totals[1]:.0f} us -> decode {decode}", flush=True)
+    decode = min(DECODES, key=lambda d: totals[d] + moe_totals[d])
+    print(f"prefill linears decode {DECODES}: {[round(totals[d]) for d in DECODES]} us; moe: {[round(moe_totals[d]) for d in DECODES]} us -> decode {decode}", flush=True)
     Path(path).write_text(json.dumps(records, indent=1))
     entries = small_batches(records, decode)
     Path(path).write_text(json.dumps(records, indent=1))

@@ -24,7 +24,8 @@ sigmoid(gate logit) * shared(x_t) to the same float32 sum: the block's output co
 `moe_block_decode` runs the whole block in three launches up to `FUSED_ROUTER_MAX_TOKENS` tokens (the router
 logits over `[E+1, H]`, routed rows and the shared expert's gate row, and the top-k in one kernel,
 `router.router_gemv_topk_with_shared`; then the two kernels here), in four above it (cuBLAS logits, then
-`router_topk_with_shared`).
+`router_topk_with_shared`). From `moe_grouped_decode.MIN_TOKENS` tokens the experts run grouped by expert on tensor
+cores instead (`moe_grouped_decode`), after the same router.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels import router
+from reference_engine.kernels import moe_grouped_decode, router
 from reference_engine.kernels.launch import (
     finish,
     interpreting,
@@ -415,6 +416,9 @@ def moe_block_decode(
     else:
         logits = torch.nn.functional.linear(x, router_weight)  # [T, E+1]
         router_topk_with_shared(logits, topk_weights, topk_ids, top_k)
+    if moe_grouped_decode.MIN_TOKENS is not None and num_tokens >= moe_grouped_decode.MIN_TOKENS:  # each expert decoded once per batch
+        moe_grouped_decode.grouped_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out, check_ids=False)
+        return
     routed = [getattr(experts, name).contiguous() for name in _STACKED]
     shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
     require_launchable(x, *routed, *vars(shared_tensors).values())

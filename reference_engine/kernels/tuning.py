@@ -8,14 +8,17 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
      "moe_decode_batch_one": {...the same keys, for one token},
      "gemv_words": 1, "gemm_min_tokens": 16, "gdn_step_split_below": 128, "fused_router_max_tokens": 4,
      "dense_gemv_max_tokens": 4, "gemm_decode": 1,
-     "small_m_gemm": [{"block_m": 32, "rows": 2048, "k": 4096, "config": [64, 4, 16]}, ...]}
+     "small_m_gemm": [{"block_m": 32, "rows": 2048, "k": 4096, "config": [64, 4, 16]}, ...],
+     "moe_grouped_decode": {"min_tokens": 16, "gate_up_block_n": 32, ...the other GroupedPlan fields}}
 
 GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1). `gemv_words` sets the word reads
 for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the last three switch the batch-1 launch savings of the GDN decode step,
 the MoE router and the small dense linears (`benchmarks/kernels/time_decode_pieces.py` measures them).
 `gemm_decode` picks the weight decode of the tensor-core GEMMs (prefill linears and experts, decode batches from
-`gemm_min_tokens`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`).
+`gemm_min_tokens`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`);
+`moe_grouped_decode` the batch from which the decode MoE block runs grouped by expert, and its tiles
+(`benchmarks/kernels/time_moe_grouped.py`).
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
 their measured configuration (others keep `nvfp4_gemv.plan`), the MoE settings replace the module
@@ -63,6 +66,21 @@ class SmallGemmEntry(BaseModel):
     config: tuple[int, int, int]  # BLOCK_N, num_warps, SPLIT_K
 
 
+class MoeGroupedSettings(BaseModel):
+    """From which batch the decode MoE block runs grouped by expert, and the tiles (`moe_grouped_decode.GroupedPlan`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    min_tokens: int = Field(ge=1)
+    block_m: int = Field(default=16, ge=16, le=64)
+    gate_up_block_n: int = Field(default=32, ge=16, le=128)
+    gate_up_block_kb: int = Field(default=32, ge=8, le=256)
+    down_block_n: int = Field(default=64, ge=16, le=256)
+    down_block_kb: int = Field(default=32, ge=8, le=256)
+    num_warps: int = Field(default=4, ge=1, le=16)
+    num_stages: int = Field(default=3, ge=1, le=8)
+    decode: int = Field(default=2, ge=0, le=2)
+
+
 class TuningFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     device: str
@@ -76,6 +94,7 @@ class TuningFile(BaseModel):
     dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
     gemm_decode: int | None = Field(default=None, ge=0, le=2)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX), 2 also scales as words
     small_m_gemm: list[SmallGemmEntry] = []
+    moe_grouped_decode: MoeGroupedSettings | None = None
 
 
 def device_file(device_name: str) -> Path:
@@ -88,6 +107,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
         dense_gemv,
         gdn_decode_step,
         moe_decode,
+        moe_grouped_decode,
         nvfp4_gemm,
         nvfp4_gemv,
         router,
@@ -115,6 +135,10 @@ def apply_tuning(path: str | Path) -> TuningFile:
     if tuning.moe_decode is not None:
         for name, value in tuning.moe_decode.model_dump().items():
             setattr(moe_decode, name, value)
+    if tuning.moe_grouped_decode is not None:
+        settings = tuning.moe_grouped_decode.model_dump()
+        moe_grouped_decode.MIN_TOKENS = settings.pop("min_tokens")
+        moe_grouped_decode.PLAN = moe_grouped_decode.GroupedPlan(**settings)
     if tuning.moe_decode_batch_one is not None:
         moe_decode.BATCH_ONE = tuple(tuning.moe_decode_batch_one.model_dump().values())
     return tuning

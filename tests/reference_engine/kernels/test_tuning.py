@@ -46,7 +46,8 @@ static_moe.moe_block_decode(xs, block.router_weight, block.experts.stacked, bloc
 settings = {"device": "test", "nvfp4_gemv": [{"tokens": 1, "rows": 48, "k_bytes": 128, "config": [1, 8, 64, 2, 4, 1, 1]}],
             "moe_decode": {"LOOP": 3, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 32, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 16, "WORDS": 1},
             "moe_decode_batch_one": {"LOOP": 0, "GATE_UP_BLOCK_N": 16, "GATE_UP_BLOCK_K": 16, "DOWN_BLOCK_H": 16, "DOWN_BLOCK_I": 16, "WORDS": 2},
-            "gemv_words": 1, "gemm_min_tokens": 16, "gemm_decode": 1, "small_m_gemm": [{"block_m": 16, "rows": 48, "k": 256, "config": [16, 4, 2]}]}
+            "gemv_words": 1, "gemm_min_tokens": 16, "gemm_decode": 1, "small_m_gemm": [{"block_m": 16, "rows": 48, "k": 256, "config": [16, 4, 2]}],
+            "moe_grouped_decode": {"min_tokens": 4, "gate_up_block_n": 16, "down_block_n": 16, "num_stages": 2}}
 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
     json.dump(settings, handle)
 tuning.apply_tuning(handle.name)
@@ -73,6 +74,18 @@ static_moe.moe_block_decode(one, block.router_weight.to(torch.bfloat16), block.e
 one_out = torch.full_like(one, float("nan"))
 moe_decode.moe_block_decode(one, block.router_weight.to(torch.bfloat16), block.experts.stacked, block.shared_nvfp4, block.top_k, out=one_out)
 assert float((one_out.double() - one_expected.double()).norm() / one_expected.double().norm()) < 2e-2
+from reference_engine.kernels import moe_grouped_decode
+assert moe_grouped_decode.MIN_TOKENS == 4 and moe_grouped_decode.PLAN == moe_grouped_decode.GroupedPlan(gate_up_block_n=16, down_block_n=16, num_stages=2)
+calls = []
+real = moe_grouped_decode.grouped_experts_with_shared
+moe_grouped_decode.grouped_experts_with_shared = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
+xs4 = torch.randn(4, block.router_weight.shape[1], generator=g)  # 4 tokens >= min_tokens: grouped by expert
+four_expected = torch.empty_like(xs4)
+static_moe.moe_block_decode(xs4, block.router_weight, block.experts.stacked, block.shared_nvfp4, block.top_k, out=four_expected)
+four_out = torch.full_like(xs4, float("nan"))
+moe_decode.moe_block_decode(xs4, block.router_weight, block.experts.stacked, block.shared_nvfp4, block.top_k, out=four_out)
+assert calls == [4], calls  # the 3-token and 1-token blocks above stayed on the per-pair kernels
+assert float((four_out - four_expected).norm() / four_expected.norm()) < 1e-5
 print("ok")
 """
 

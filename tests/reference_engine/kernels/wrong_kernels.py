@@ -158,3 +158,33 @@ def conv_final_state_from_outputs(x, weight, cu_seqlens, initial_state, out, fin
     state = initial_state.clone()
     causal_conv1d.causal_conv1d(x, weight, cu_seqlens, initial_state, out, final_state)
     causal_conv1d.causal_conv1d(out.clone(), weight, cu_seqlens, state, torch.empty_like(out), final_state)
+
+
+def _grouped_with_counts(fix, x, router_weight, experts, shared, top_k, out):
+    """`moe_block_decode` grouped by expert, with the group counts altered by `fix` before the expert kernels."""
+    from reference_engine.kernels import moe_decode, moe_grouped_decode
+
+    real_groups, real_min = moe_grouped_decode._groups, moe_grouped_decode.MIN_TOKENS
+
+    def groups(ids, count, k):
+        counts, pairs = real_groups(ids, count, k)
+        fix(counts)
+        return counts, pairs
+
+    moe_grouped_decode._groups, moe_grouped_decode.MIN_TOKENS = groups, 1
+    try:
+        moe_decode.moe_block_decode(x, router_weight, experts, shared, top_k, out)
+    finally:
+        moe_grouped_decode._groups, moe_grouped_decode.MIN_TOKENS = real_groups, real_min
+
+
+def grouped_shared_group_dropped(x, router_weight, experts, shared, top_k, out):
+    """The grouped MoE decode without group 0 (the shared expert): its grid starts at the routed experts."""
+    _grouped_with_counts(lambda counts: counts[:1].zero_(), x, router_weight, experts, shared, top_k, out)
+
+
+def grouped_first_tile_only(x, router_weight, experts, shared, top_k, out):
+    """The grouped MoE decode computing one tile of BLOCK_M pairs per group (no loop over a busy group's tiles)."""
+    from reference_engine.kernels import moe_grouped_decode
+
+    _grouped_with_counts(lambda counts: counts.clamp_(max=moe_grouped_decode.PLAN.block_m), x, router_weight, experts, shared, top_k, out)
