@@ -1,7 +1,7 @@
 """Time the NVFP4 tensor-core GEMMs: weight decodes (`DECODES`: 1 int32 words in PTX, 2 the scales read as words
 too; run13 also timed 0, bytes) at prefill shapes, and the tiles of decode batches (BLOCK_N, warps, split-K); write the winners into a tuning file.
 
-    PYTHONPATH=. python3 benchmarks/kernels/time_gemm_tiles.py results.json [tuning-out.json]
+    PYTHONPATH=. python3 benchmarks/kernels/time_gemm_tiles.py results.json [tuning-out.json] [--decodes-only]
 
 Prefill: 1024 tokens through the model's linears (GDN in_proj_qkv / in_proj_z / out_proj, attention q / o, the
 shared expert's gate / up / down) and the routed experts (`nvfp4_moe_prefill`, top-8 of 256). Decode batches:
@@ -10,7 +10,8 @@ the tiles before this change, the split-K heuristic with each decode, and a grid
 Every configuration's output is checked against the torch op first (relative error < 1e-2, else it is
 skipped); weights are cycled over copies that together exceed the 60 MB L2, inside a CUDA graph, so each call
 streams its weights from HBM. `tuning-out.json`: the committed tuning file plus `gemm_decode` and
-`small_m_gemm` from these timings. No speed is asserted.
+`small_m_gemm` from these timings. `--decodes-only`: at decode batches only the committed tiles under each
+decode (no grid), and the committed `small_m_gemm` kept. No speed is asserted.
 """
 
 # ruff: noqa: B023 - `step` is captured and replayed within the loop iteration that made it
@@ -25,7 +26,7 @@ import torch
 
 from reference_engine.bench.timing import graph_seconds
 from reference_engine.kernels import nvfp4_gemm
-from reference_engine.kernels.tuning import device_file
+from reference_engine.kernels.tuning import apply_for_device, device_file
 from reference_engine.quant import linear as torch_linear
 from reference_engine.quant.nvfp4 import quantize_nvfp4
 
@@ -125,7 +126,7 @@ def moe(records: list) -> dict[int, float]:
     return totals
 
 
-def small_batches(records: list, decode: int) -> list[dict]:
+def small_batches(records: list, decode: int, grid: bool = True) -> list[dict]:
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     entries = []
     for rows, k in SMALL_SHAPES:
@@ -134,8 +135,9 @@ def small_batches(records: list, decode: int) -> list[dict]:
             x = torch.randn(tokens, k, device="cuda").bfloat16()
             block_m = nvfp4_gemm._pow2_between(tokens, 16, 64)
             auto = nvfp4_gemm.plan("linear", tokens, rows, k, sm)
-            candidates = {"before (128-row tiles, no split)": nvfp4_gemm.GemmPlan(block_m, 128, 32, 8, 3, 1, 0), **{f"auto decode {d}": with_decode(auto, d) for d in DECODES}}  # fmt: skip
-            for block_n, warps, split in GRID:
+            candidates = {"run12 tiles (128 rows, no split, decode 0)": nvfp4_gemm.GemmPlan(block_m, 128, 32, 8, 3, 1, 0)} if grid else {}
+            candidates |= {**{f"auto decode {d}": with_decode(auto, d) for d in DECODES}}  # fmt: skip
+            for block_n, warps, split in GRID if grid else ():
                 candidates[f"grid {block_n}/{warps}/{split}"] = nvfp4_gemm.GemmPlan(block_m, block_n, 32, warps, 3, split, decode)
             best = None
             for name, p in candidates.items():
@@ -154,26 +156,29 @@ def small_batches(records: list, decode: int) -> list[dict]:
     return entries
 
 
-def main(path: str, tuning_out: str | None) -> None:
+def main(path: str, tuning_out: str | None, grid: bool = True) -> None:
     torch.manual_seed(0)
+    apply_for_device(torch.cuda.get_device_name())  # the committed decode-batch tiles ("auto" plans)
     records: list = []
     totals = prefill(records)
     moe_totals = moe(records)
     decode = min(DECODES, key=lambda d: totals[d] + moe_totals[d])
     print(f"prefill linears decode {DECODES}: {[round(totals[d]) for d in DECODES]} us; moe: {[round(moe_totals[d]) for d in DECODES]} us -> decode {decode}", flush=True)
     Path(path).write_text(json.dumps(records, indent=1))
-    entries = small_batches(records, decode)
+    entries = small_batches(records, decode, grid)
     Path(path).write_text(json.dumps(records, indent=1))
     if tuning_out:
         tuning = json.loads(device_file(torch.cuda.get_device_name()).read_text())
         tuning["gemm_decode"] = decode
-        tuning["small_m_gemm"] = entries
+        if grid:
+            tuning["small_m_gemm"] = entries
         Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
         print(f"wrote {tuning_out}: gemm_decode {decode}, {len(entries)} small-batch entries")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
+    arguments = [a for a in sys.argv[1:] if a != "--decodes-only"]
+    if len(arguments) not in (1, 2) or any(a.startswith("--") for a in arguments):
         print(__doc__)
         raise SystemExit(2)
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) == 3 else None)
+    main(arguments[0], arguments[1] if len(arguments) == 2 else None, grid="--decodes-only" not in sys.argv)
