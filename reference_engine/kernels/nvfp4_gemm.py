@@ -87,29 +87,19 @@ class GemmPlan:
     num_warps: int
     num_stages: int
     split_k: int = 1  # K slices reduced in the kernel (last ticket of a tile sums them in order)
-    decode: int = -1  # weight decode: 0 bytes, 1 int32 words, 2 words and scales as int32 words (see `_weight_tile_words`); -1: the module's `DECODE`
+    decode: int = -1  # weight decode: 0 bytes, 1 int32 words (see `_weight_tile_words`); -1: the module's `DECODE`
 
 
-DECODE = 0  # the weight decode of every plan that does not name one (the tuning file may set 1 or 2)
+DECODE = 0  # the weight decode of every plan that does not name one (the tuning file may set 1)
 
 
-def _decode(p: GemmPlan, k_bytes: int) -> int:
-    """The plan's weight decode for rows of `k_bytes` packed bytes: 2 needs whole int32 words of scales per row
-    and per K step (K a multiple of 64 elements, K steps of 64 elements or more); otherwise it falls back to 1."""
-    decode = DECODE if p.decode < 0 else p.decode
-    if decode == 2 and (k_bytes % 32 or p.block_kb % 32):
-        return 1
-    return decode
+def _decode(p: GemmPlan) -> int:
+    return DECODE if p.decode < 0 else p.decode
 
 
 def _packed_operand(packed: torch.Tensor, decode: int) -> torch.Tensor:
     """The packed codes as the kernel reads them: bytes, or int32 words (rows are whole words: K is a multiple of 16)."""
-    return packed.view(torch.int32) if decode >= 1 else packed
-
-
-def _scale_operand(scale: torch.Tensor, decode: int) -> torch.Tensor:
-    """The E4M3 block scales as the kernel reads them: bytes, or (decode 2) int32 words of 4 scales."""
-    return scale.contiguous().view(torch.int32) if decode == 2 else scale
+    return packed.view(torch.int32) if decode == 1 else packed
 
 
 def _pow2_between(value: int, low: int, high: int) -> int:
@@ -258,49 +248,21 @@ def _code_times_scale(words, j: tl.constexpr, scale_f32):
 
 
 @triton.jit
-def _scales_per_word(scale_ptr, rows, K_BYTES: tl.constexpr, byte0, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr,
-                     SCALE_WORDS: tl.constexpr):
-    """[BLOCK_N, BLOCK_KB // 4] float32: the block scale of each int32 word of codes (one scale per two words).
-    SCALE_WORDS: `scale_ptr` is the int32 view of the scales (4 per word; K_BYTES and BLOCK_KB multiples of 32)."""
-    KW: tl.constexpr = BLOCK_KB // 4
-    if SCALE_WORDS:
-        SW: tl.constexpr = BLOCK_KB // 32
-        sw_cols = byte0 // 32 + tl.arange(0, SW)
-        sw_ptrs = scale_ptr + rows[:, None] * (K_BYTES // 32) + sw_cols[None, :]
-        if EVEN_K:
-            packed = tl.load(sw_ptrs)  # [BN, SW] int32, 4 scales each
-        else:
-            packed = tl.load(sw_ptrs, mask=(sw_cols < K_BYTES // 32)[None, :], other=0)
-        packed = tl.reshape(tl.broadcast_to(packed[:, :, None], (BLOCK_N, SW, 8)), (BLOCK_N, KW))  # word w: scale word w // 8
-        shift = ((tl.arange(0, KW) // 2) % 4) * 8  # ... its byte (w // 2) % 4
-        scale = ((packed >> shift[None, :]) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    else:
-        block_cols = byte0 // 8 + tl.arange(0, BLOCK_KB // 8)
-        scale_ptrs = scale_ptr + rows[:, None] * (K_BYTES // 8) + block_cols[None, :]
-        if EVEN_K:
-            scale = tl.load(scale_ptrs)  # [BN, KB/8] float8
-        else:
-            scale = tl.load(scale_ptrs, mask=(block_cols < K_BYTES // 8)[None, :], other=0.0)
-        scale = tl.reshape(tl.broadcast_to(scale.to(tl.float32)[:, :, None], (BLOCK_N, BLOCK_KB // 8, 2)), (BLOCK_N, KW))
-    return scale
-
-
-@triton.jit
 def _weight_tile_words(words_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
-                       BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, ASM: tl.constexpr,
-                       SCALE_WORDS: tl.constexpr = False):
-    """`_weight_tile` reading int32 words: the same [BLOCK_N, 2 * BLOCK_KB] tile as e2m1 * block_scale * 2^-7.
-    SCALE_WORDS (decode 2): the scales are read as int32 words too. A 1- or 2-byte load per thread cannot be an
-    asynchronous copy, so Triton's pipeliner leaves the byte-wise scale loads synchronous inside the K loop
-    (`ld.global.b16` in the PTX: one memory round trip per K step); 4-byte words are copied ahead with the codes."""
+                       BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, ASM: tl.constexpr):
+    """`_weight_tile` reading int32 words: the same [BLOCK_N, 2 * BLOCK_KB] tile as e2m1 * block_scale * 2^-7."""
     KW: tl.constexpr = BLOCK_KB // 4
     word_cols = byte0 // 4 + tl.arange(0, KW)
+    block_cols = byte0 // 8 + tl.arange(0, BLOCK_KB // 8)
     word_ptrs = words_ptr + rows[:, None] * (K_BYTES // 4) + word_cols[None, :]
+    scale_ptrs = scale_ptr + rows[:, None] * (K_BYTES // 8) + block_cols[None, :]
     if EVEN_K:
         words = tl.load(word_ptrs)  # [BN, KW] int32
+        scale = tl.load(scale_ptrs)  # [BN, KB/8] float8
     else:
         words = tl.load(word_ptrs, mask=(word_cols < K_BYTES // 4)[None, :], other=0)
-    scale = _scales_per_word(scale_ptr, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, SCALE_WORDS)  # one per word
+        scale = tl.load(scale_ptrs, mask=(block_cols < K_BYTES // 8)[None, :], other=0.0)
+    scale = tl.reshape(tl.broadcast_to(scale.to(tl.float32)[:, :, None], (BLOCK_N, BLOCK_KB // 8, 2)), (BLOCK_N, KW))  # one per word
     if ASM:
         e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
             _BF16_PAIRS_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, (scale * WORD_SCALE_SHIFT).to(tl.bfloat16)],
@@ -319,10 +281,9 @@ def _weight_tile_words(words_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
 @triton.jit
 def _tile(packed_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
           BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr):
-    """The weight tile in DECODE 0 (bytes, float16 products: e2m1 * scale * 2^-14), 1 (words: e2m1 * scale * 2^-7)
-    or 2 (as 1, scales read as int32 words)."""
-    if DECODE >= 1:
-        tile = _weight_tile_words(packed_ptr, scale_ptr, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DOT_KIND == 1, DECODE == 2)
+    """The weight tile in DECODE 0 (bytes, float16 products: e2m1 * scale * 2^-14) or 1 (words: e2m1 * scale * 2^-7)."""
+    if DECODE == 1:
+        tile = _weight_tile_words(packed_ptr, scale_ptr, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DOT_KIND == 1)
     else:
         tile = _weight_tile(packed_ptr, scale_ptr, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
     return tile
@@ -382,7 +343,7 @@ def _w4a16_gemm_kernel(
 @triton.jit
 def _gemm_store(acc, scale_2_ptr, w_rows, out_ptr, tokens, rows, stride_om, in_range, ROW_SCALES: tl.constexpr, DECODE: tl.constexpr):
     """acc times the tensor scale(s) and the operand's power of two (2^14 or 2^7), rounded into out[tokens, rows] where in range."""
-    undo: tl.constexpr = 128.0 if DECODE >= 1 else 16384.0
+    undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0
     if ROW_SCALES:
         acc = acc * (tl.load(scale_2_ptr + w_rows) * undo)[None, :]
     else:
@@ -435,9 +396,9 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
         workspace = torch.empty(tiles * p.split_k * p.block_m * p.block_n, dtype=torch.float32, device=x.device)
         counters = ticket_counters(x.device, tiles)
     even_k = k_bytes % p.block_kb == 0 and split_bytes * p.split_k == k_bytes
-    decode = _decode(p, k_bytes)
+    decode = _decode(p)
     _w4a16_gemm_kernel[grid](
-        x, _packed_operand(packed, decode), _scale_operand(scale, decode), scale_2, target, workspace, counters, tokens, rows, x.stride(0), target.stride(0),
+        x, _packed_operand(packed, decode), scale, scale_2, target, workspace, counters, tokens, rows, x.stride(0), target.stride(0),
         K_BYTES=k_bytes, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KB=p.block_kb, EVEN_K=even_k,
         ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), SPLIT_K=p.split_k, SPLIT_BYTES=split_bytes, DECODE=decode,
         num_warps=p.num_warps, num_stages=p.num_stages,
@@ -484,7 +445,7 @@ def _moe_gate_up_kernel(
         acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
         w_up = _tile(packed_ptr, scale_ptr, up_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
         acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
-    undo: tl.constexpr = 128.0 if DECODE >= 1 else 16384.0  # the decoded operand's power of two
+    undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0  # the decoded operand's power of two
     gate = acc_gate * (tl.load(scale_2_ptr + 2 * expert) * undo)
     up = acc_up * (tl.load(scale_2_ptr + 2 * expert + 1) * undo)
     act = gate / (1.0 + tl.exp(-gate)) * up
@@ -513,7 +474,7 @@ def _moe_down_kernel(
         w = _tile(packed_ptr, scale_ptr, down_rows, I_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
         acc = _dot(a, tl.trans(w), acc, DOT_KIND)
     routing = tl.load(weights_ptr + pairs)  # [BM] float32
-    undo: tl.constexpr = 128.0 if DECODE >= 1 else 16384.0
+    undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0
     acc = acc * (tl.load(scale_2_ptr + expert) * undo) * routing[:, None]
     out_ptrs = pair_out_ptr + pairs[:, None].to(tl.int64) * H + cols[None, :]
     tl.store(out_ptrs, acc, mask=valid[:, None] & (cols < H)[None, :])
@@ -604,21 +565,20 @@ def nvfp4_moe_prefill(
     staged = interpreting() and x.dtype != torch.float32
     act = torch.empty((pairs, inter), dtype=torch.float32 if staged else x.dtype, device=x.device)  # [P, I] sorted order
     dot_kind = _dot_kind(x.dtype)
-    decode_a, decode_b = _decode(plan_a, hidden // 2), _decode(plan_b, inter // 2)
     _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
-        x, order, table, _packed_operand(experts.gate_up_packed.contiguous(), decode_a), _scale_operand(experts.gate_up_scale, decode_a),
+        x, order, table, _packed_operand(experts.gate_up_packed.contiguous(), _decode(plan_a)), experts.gate_up_scale.contiguous(),
         experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
         BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb, EVEN_K=(hidden // 2) % plan_a.block_kb == 0,
-        DOT_KIND=dot_kind, DECODE=decode_a, num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
+        DOT_KIND=dot_kind, DECODE=_decode(plan_a), num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
     )
     if staged:  # the interpreter truncates float32 -> bf16; torch rounds
         act = act.to(x.dtype)
     pair_out = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)  # [T*k, H]
     _moe_down_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
-        act, order, topk_weights.contiguous(), table, _packed_operand(experts.down_packed.contiguous(), decode_b), _scale_operand(experts.down_scale, decode_b),
+        act, order, topk_weights.contiguous(), table, _packed_operand(experts.down_packed.contiguous(), _decode(plan_b)), experts.down_scale.contiguous(),
         experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
         BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
-        DOT_KIND=dot_kind, DECODE=decode_b, num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
+        DOT_KIND=dot_kind, DECODE=_decode(plan_b), num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
     )
     out.copy_(pair_out.view(tokens, top_k, hidden).sum(dim=1))  # fixed order over the k slots, rounded once
     return out

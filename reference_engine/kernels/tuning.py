@@ -92,7 +92,7 @@ class TuningFile(BaseModel):
     gdn_step_split_below: int | None = Field(default=None, ge=0)  # split GDN decode heads below this many (row, head) pairs (0: never)
     fused_router_max_tokens: int | None = Field(default=None, ge=0)  # router logits + top-k in one launch up to this batch (0: never)
     dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
-    gemm_decode: int | None = Field(default=None, ge=0, le=2)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX), 2 also scales as words
+    gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
     small_m_gemm: list[SmallGemmEntry] = []
     moe_grouped_decode: MoeGroupedSettings | None = None
 
