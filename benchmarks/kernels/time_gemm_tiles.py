@@ -1,5 +1,5 @@
-"""Time the NVFP4 tensor-core GEMMs: weight decodes (`DECODES`: 1 int32 words in PTX, 2 the scales read as words
-too; run13 also timed 0, bytes) at prefill shapes, and the tiles of decode batches (BLOCK_N, warps, split-K); write the winners into a tuning file.
+"""Time the NVFP4 tensor-core GEMMs: weight decodes (`DECODES`: 0 bytes, 1 int32 words in PTX) at prefill shapes,
+and the tiles of decode batches (BLOCK_N, warps, split-K); write the winners into a tuning file.
 
     PYTHONPATH=. python3 benchmarks/kernels/time_gemm_tiles.py results.json [tuning-out.json] [--decodes-only]
 
@@ -36,7 +36,7 @@ SMALL_SHAPES = [(12288, 2048), (9216, 2048), (2048, 4096)]
 SMALL_TOKENS = (8, 32, 64)
 GRID = [(block_n, 4 if block_n == 64 else 8, split) for block_n in (64, 128) for split in (1, 2, 4, 8, 16)]
 L2_BYTES = 60e6
-DECODES = (1, 2)  # compared at every prefill shape; the faster total is written as `gemm_decode`
+DECODES = (0, 1)  # compared at every prefill shape; the faster total is written as `gemm_decode`
 
 
 def weights(rows: int, k: int):

@@ -38,7 +38,7 @@ PLANS = {
     "4 stages": GroupedPlan(num_stages=4),
     "gate/up 16 rows, K step 128": GroupedPlan(gate_up_block_n=16, gate_up_block_kb=64, down_block_n=32, down_block_kb=64),
     "8 warps, 64 rows, K step 128": GroupedPlan(gate_up_block_n=64, gate_up_block_kb=64, down_block_n=128, down_block_kb=64, num_warps=8),
-    "decode 1": GroupedPlan(decode=1),
+    "decode 0 (bytes)": GroupedPlan(decode=0),
 }
 
 

@@ -19,8 +19,8 @@ that chose it. Four launches, no sort, no host synchronisation, deterministic:
 4. `_slot_sum_kernel`, grid (T, cdiv(H, BLOCK_H)): out[t] = sum over the slots of y[t * (top_k + 1) + j] in
    slot order, rounded once into x's dtype.
 
-The weight tiles are `nvfp4_gemm._tile` (decode 2: codes and scales read as int32 words and decoded to
-bfloat16 pairs in PTX, so the pipeliner copies both ahead of the dot). A group with more than BLOCK_M pairs
+The weight tiles are `nvfp4_gemm._tile` (decode 1: codes read as int32 words and decoded to bfloat16 pairs
+in PTX). A group with more than BLOCK_M pairs
 (the shared expert above BLOCK_M tokens, or repeated ids) loops over its tiles, decoding its weights again
 per tile. Same arithmetic as the per-pair kernels up to the float32 summation order.
 """
@@ -45,7 +45,6 @@ from reference_engine.kernels.nvfp4_gemm import (
     _dot,
     _dot_kind,
     _packed_operand,
-    _scale_operand,
     _tile,
     _x_tile,
 )
@@ -69,7 +68,7 @@ class GroupedPlan:
     down_block_kb: int = 32
     num_warps: int = 4
     num_stages: int = 3
-    decode: int = 2  # `nvfp4_gemm` weight decode (falls back to 1 where K is not a multiple of 64)
+    decode: int = 1  # `nvfp4_gemm` weight decode: 1 int32 words decoded to bfloat16 pairs in PTX, 0 bytes
 
 
 PLAN = GroupedPlan()
@@ -264,11 +263,11 @@ def grouped_experts_with_shared(
     staged = interpreting() and x.dtype != torch.float32  # the interpreter truncates float32 -> bf16; torch rounds
     act = _scratch((pairs, inter), torch.float32 if staged else x.dtype, device)  # [P, I]
     plan_a = GemmPlan(p.block_m, min(p.gate_up_block_n, triton.next_power_of_2(inter)), _k_step(p.gate_up_block_kb, hidden // 2), p.num_warps, p.num_stages, decode=p.decode)
-    decode_a = _decode(plan_a, hidden // 2)
+    decode_a = _decode(plan_a)
     _gate_up_kernel[(groups, triton.cdiv(inter, plan_a.block_n))](
         x, x.stride(0), counts, group_pairs, pairs,
-        _packed_operand(gu_packed, decode_a), _scale_operand(gu_scale, decode_a), gu_scale_2,
-        _packed_operand(s_gu_packed, decode_a), _scale_operand(s_gu_scale, decode_a), s_gu_scale_2, act,
+        _packed_operand(gu_packed, decode_a), gu_scale, gu_scale_2,
+        _packed_operand(s_gu_packed, decode_a), s_gu_scale, s_gu_scale_2, act,
         I=inter, H_BYTES=hidden // 2, SLOTS=slots, BLOCK_M=p.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb,
         EVEN_K=(hidden // 2) % plan_a.block_kb == 0, DOT_KIND=dot_kind, DECODE=decode_a, num_warps=p.num_warps, num_stages=p.num_stages,
     )
@@ -276,11 +275,11 @@ def grouped_experts_with_shared(
         act = act.to(x.dtype)
     y = _scratch((pairs, hidden), torch.float32, device)  # [P, H] weighted expert outputs
     plan_b = GemmPlan(p.block_m, min(p.down_block_n, triton.next_power_of_2(hidden)), _k_step(p.down_block_kb, inter // 2), p.num_warps, p.num_stages, decode=p.decode)
-    decode_b = _decode(plan_b, inter // 2)
+    decode_b = _decode(plan_b)
     _down_kernel[(groups, triton.cdiv(hidden, plan_b.block_n))](
         act, weights, counts, group_pairs, pairs,
-        _packed_operand(down_packed, decode_b), _scale_operand(down_scale, decode_b), down_scale_2,
-        _packed_operand(s_down_packed, decode_b), _scale_operand(s_down_scale, decode_b), s_down_scale_2, y,
+        _packed_operand(down_packed, decode_b), down_scale, down_scale_2,
+        _packed_operand(s_down_packed, decode_b), s_down_scale, s_down_scale_2, y,
         H=hidden, I_BYTES=inter // 2, BLOCK_M=p.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb,
         EVEN_K=(inter // 2) % plan_b.block_kb == 0, DOT_KIND=dot_kind, DECODE=decode_b, num_warps=p.num_warps, num_stages=p.num_stages,
     )

@@ -78,7 +78,7 @@ class MoeGroupedSettings(BaseModel):
     down_block_kb: int = Field(default=32, ge=8, le=256)
     num_warps: int = Field(default=4, ge=1, le=16)
     num_stages: int = Field(default=3, ge=1, le=8)
-    decode: int = Field(default=2, ge=0, le=2)
+    decode: int = Field(default=1, ge=0, le=1)
 
 
 class TuningFile(BaseModel):
