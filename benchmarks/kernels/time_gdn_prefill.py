@@ -5,7 +5,8 @@
 One layer, Hk=16, Hv=32, Dk=Dv=128, bfloat16 q/k/v, float32 gates and state, prompt lengths 1024 and
 4096 (one sequence) and 4 x 256 (ragged batch). Each implementation's output and final state are
 compared with the torch op (relative Frobenius error) before it is timed; the Triton kernel runs with
-its module's DOT_PRECISION ("tf32x3") and with "ieee". fla (flash-linear-attention's
+DOT_PRECISION "tf32x3" and launch 1's row-by-row inverse (run7 and before), "tf32x3" with the blocked inverse
+(`BLOCKED_INVERSE`), and "tf32" (one tensor-core pass) with the blocked inverse. fla (flash-linear-attention's
 `chunk_gated_delta_rule`, the kernels transformers calls) is timed where it imports, with q/k repeated
 to the value heads as transformers does. Medians of CUDA-event timings of eager calls (host launch
 cost included, as a prefill pays it). No speed is asserted.
@@ -60,14 +61,14 @@ def main(path: str) -> None:
             torch_gdn(q, k, v, gate, beta, cu, state, out=torch.empty_like(v), final_state=torch.empty_like(state))
 
         candidates = {"torch op": run_torch}
-        for precision in ("tf32x3", "ieee"):
+        for precision, blocked in (("tf32x3", False), ("tf32x3", True), ("tf32", True)):
 
-            def run_triton(precision=precision, out=None, final=None):
-                triton_gdn.DOT_PRECISION = precision
+            def run_triton(precision=precision, blocked=blocked, out=None, final=None):
+                triton_gdn.DOT_PRECISION, triton_gdn.BLOCKED_INVERSE = precision, blocked
                 triton_gdn.gdn_chunked_prefill(q, k, v, gate, beta, cu, state, out=torch.empty_like(v) if out is None else out,
                                                final_state=torch.empty_like(state) if final is None else final)  # fmt: skip
 
-            candidates[f"triton {precision}"] = run_triton
+            candidates[f"triton {precision} {'blocked' if blocked else 'rows'}"] = run_triton
         if chunk_gated_delta_rule is not None:
 
             def run_fla(result=None):
@@ -97,10 +98,10 @@ def main(path: str) -> None:
                 print(f"{name} T={tokens}: {type(failure).__name__}: {str(failure)[:200]}")
             records.append({"impl": name, "lengths": lengths, "tokens": tokens, "seqs": seqs, "ms": seconds * 1e3,
                             "out_rel_vs_torch": errors[0], "state_rel_vs_torch": errors[1]})  # fmt: skip
-            print(f"T={tokens:5d} B={seqs} {name:14s} {seconds * 1e3:8.3f} ms  out rel {errors[0]:.1e}  state rel {errors[1]:.1e}", flush=True)
+            print(f"T={tokens:5d} B={seqs} {name:22s} {seconds * 1e3:8.3f} ms  out rel {errors[0]:.1e}  state rel {errors[1]:.1e}", flush=True)
         with open(path, "w") as handle:
             json.dump(records, handle, indent=1)
-    triton_gdn.DOT_PRECISION = "tf32x3"
+    triton_gdn.DOT_PRECISION, triton_gdn.BLOCKED_INVERSE = "tf32x3", True
 
 
 if __name__ == "__main__":

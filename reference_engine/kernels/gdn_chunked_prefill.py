@@ -18,7 +18,8 @@ and, chunk by chunk with the state S [Dk, Dv] carried from the previous chunk:
     S  <- exp(c_last) S + (k exp(c_last - c))^T X
 
 Launch 1, grid (chunk slots, Hv): one program per chunk and value head computes c, T (forward
-substitution in registers), U, W, P and the per-row factors of q and k (normalisation times decay)
+substitution in registers, on the 16 x 16 diagonal blocks at once, then four block products:
+`_unit_lower_inverse_blocked`), U, W, P and the per-row factors of q and k (normalisation times decay)
 and stores them (float32 scratch: 81 KB per chunk and head at C = 64, Dk = Dv = 128, 45 MB at
 T = 1024). Launch 2, grid (B, Hv, cdiv(Dv, BLOCK_V)): one program per sequence, value head and block
 of value columns walks the sequence's chunks in order with its [Dk, BLOCK_V] slice of S in registers and writes the outputs
@@ -59,6 +60,8 @@ MAX_CHUNK = 64  # tokens per chunk at most (launch 1 holds C x C and C x D tiles
 MIN_DOT = 16  # tl.dot needs every dimension >= 16 on the GPU: smaller sizes are padded with zeros
 BLOCK_V_MAX = 32  # value columns per program of launch 2 (Dv = 128: 4 column blocks per head)
 BLOCK_D_MAX = 32  # columns of q, k, v per slice in launch 1
+SUB_CHUNK = tl.constexpr(16)  # diagonal block of launch 1's blocked inverse (`_unit_lower_inverse_blocked`)
+BLOCKED_INVERSE = True  # launch 1 inverts I + A blockwise (16 + 4 steps at C = 64); False: row-by-row substitution (64 steps)
 NUM_WARPS = 8  # both launches at C = 64, Dk = Dv = 128 (4 warps spill more; see below)
 # float32 operands of tl.dot on the GPU. "tf32x3" (three tensor-core passes, about fp32 accuracy):
 # ptxas for sm_90 at the real shape, 8 warps: launch 1 255 registers, no spill; launch 2 255 registers,
@@ -80,12 +83,39 @@ def _row_tile(ptr, start, length, head, col0,
 
 
 @triton.jit
+def _unit_lower_inverse_blocked(a, rows, cols, BLOCK_C: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + A)^-1 for A [C, C] strictly lower triangular, C <= 4 * SUB_CHUNK, in SUB_CHUNK + 4 steps instead of C.
+
+    Split A = D + E: D the strictly lower parts of the SUB_CHUNK x SUB_CHUNK diagonal blocks, E the blocks below
+    them. Tb = (I + D)^-1 is block diagonal; forward substitution computes it for all diagonal blocks at once: at
+    step s, rows s, SUB + s, 2 SUB + s, ... (one per block; their columns are disjoint, so one merged row vector
+    carries all of them). Then I + A = (I + D)(I + N) with N = Tb E strictly block-lower, so N^(C / SUB) = 0 and
+    (I + A)^-1 = (I - N + N^2 - N^3) Tb: four C x C products. Exact algebra; in the worst case (identical keys,
+    beta 1, no decay: A all ones below the diagonal) Tb is bidiagonal and N's powers stay small."""
+    SUB: tl.constexpr = SUB_CHUNK
+    tl.static_assert(BLOCK_C <= 4 * SUB)
+    same_block = (rows // SUB)[:, None] == (cols // SUB)[None, :]
+    d = tl.where(same_block, a, 0.0)
+    tb = tl.zeros((BLOCK_C, BLOCK_C), dtype=tl.float32)
+    for s in range(SUB):
+        step_rows = (rows % SUB) == s  # one row per diagonal block
+        d_rows = tl.sum(tl.where(step_rows[:, None], d, 0.0), axis=0)  # those rows of D, merged (disjoint columns)
+        merged = tl.where((cols % SUB) == s, 1.0, 0.0) - tl.sum(d_rows[:, None] * tb, axis=0)
+        tb = tl.where(step_rows[:, None] & same_block, merged[None, :], tb)
+    eye = tl.where(rows[:, None] == cols[None, :], 1.0, 0.0)
+    n = tl.dot(tb, tl.where(same_block, 0.0, a), input_precision=PRECISION)  # Tb E
+    n2 = tl.dot(n, n, input_precision=PRECISION)
+    n3 = tl.dot(n2, n, input_precision=PRECISION)
+    return tl.dot(eye - n + n2 - n3, tb, input_precision=PRECISION)
+
+
+@triton.jit
 def _gdn_chunk_prepare_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, chunk_start_ptr, chunk_len_ptr,
     w_ptr, u_ptr, p_ptr, f_ptr, q_scale,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr,
-    EPS: tl.constexpr, PRECISION: tl.constexpr,
+    EPS: tl.constexpr, PRECISION: tl.constexpr, BLOCKED_INVERSE: tl.constexpr = True,
 ):
     """Per (chunk slot n, value head h): W [C, Dk], U [C, Dv], P [C, C] and the factors F [3, C] into the
     scratch at (n, h): F[0] = query row scale times exp(c), F[1] = key row scale times exp(c_last - c),
@@ -126,12 +156,15 @@ def _gdn_chunk_prepare_kernel(
         decay = tl.exp(tl.where(lower_eq, c[:, None] - c[None, :], float("-inf")))  # exp(c_i - c_j), j <= i
         kk = kk * k_scale_rows[:, None] * k_scale_rows[None, :]
         a = tl.where(rows[:, None] > cols[None, :], beta[:, None] * kk * decay, 0.0)
-        # T = (I + A)^-1 by forward substitution: row i of T = e_i - sum_{j < i} A[i, j] T[j, :].
-        t = tl.zeros((BLOCK_C, BLOCK_C), dtype=tl.float32)
-        for i in range(BLOCK_C):
-            a_row = tl.sum(tl.where(rows[:, None] == i, a, 0.0), axis=0)  # A[i, :] over columns
-            new_row = tl.where(cols == i, 1.0, 0.0) - tl.sum(a_row[:, None] * t, axis=0)
-            t = tl.where(rows[:, None] == i, new_row[None, :], t)
+        if BLOCKED_INVERSE:
+            t = _unit_lower_inverse_blocked(a, rows, cols, BLOCK_C, PRECISION)
+        else:
+            # T = (I + A)^-1 by forward substitution: row i of T = e_i - sum_{j < i} A[i, j] T[j, :].
+            t = tl.zeros((BLOCK_C, BLOCK_C), dtype=tl.float32)
+            for i in range(BLOCK_C):
+                a_row = tl.sum(tl.where(rows[:, None] == i, a, 0.0), axis=0)  # A[i, :] over columns
+                new_row = tl.where(cols == i, 1.0, 0.0) - tl.sum(a_row[:, None] * t, axis=0)
+                t = tl.where(rows[:, None] == i, new_row[None, :], t)
         p = tl.where(lower_eq, qk * q_scale_rows[:, None] * k_scale_rows[None, :] * decay, 0.0)  # [C, C]
 
         base = slot * HV + head  # flat (chunk slot, value head)
@@ -300,7 +333,7 @@ def gdn_chunked_prefill(
     _gdn_chunk_prepare_kernel[(num_slots, num_v_heads)](
         q_in, k_in, v_in, g.contiguous(), beta.contiguous(), chunk_start, chunk_len, w, u, p, f, q_scale,
         HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_DV=block_dv,
-        BLOCK_D=min(BLOCK_D_MAX, block_k, block_dv), EPS=L2_EPS, PRECISION=precision, num_warps=NUM_WARPS if block_c * block_k >= 64 * 128 else 4,
+        BLOCK_D=min(BLOCK_D_MAX, block_k, block_dv), EPS=L2_EPS, PRECISION=precision, BLOCKED_INVERSE=BLOCKED_INVERSE, num_warps=NUM_WARPS if block_c * block_k >= 64 * 128 else 4,
     )
 
     source = initial_state if initial_state.is_contiguous() else initial_state.contiguous()

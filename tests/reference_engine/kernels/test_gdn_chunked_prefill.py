@@ -31,6 +31,8 @@ WRONG_VARIANTS = {
     "no_decay_across_chunks": ("dtype=tl.float32) + tl.exp(c_last))", "dtype=tl.float32) + 1.0)"),  # S not decayed between chunks
     "beta_missing_in_state_keys": (  # W = T (k exp(c)) without beta
         "key_weights = k_scale_rows * beta * tl.exp(c)", "key_weights = k_scale_rows * tl.exp(c)"),
+    "blocked_inverse_series_short": (  # (I + N)^-1 without its N^3 term: tiny on random keys, large on repeated ones
+        "return tl.dot(eye - n + n2 - n3, tb", "return tl.dot(eye - n + n2, tb"),
 }
 
 SCRIPT = r"""
@@ -113,13 +115,36 @@ result["cases"]["batch1-f32-chunk16"] = measure("b1", [40], torch.float32, 16, 3
 result["cases"]["batch3-empty-seq-in-place"] = measure("b3", [17, 0, 23], torch.float32, 16, 4, in_place=True)
 result["cases"]["batch3-hv-eq-hk-dv64"] = measure("b3b", [33, 2, 16], torch.float32, 16, 5, hk=2, hv=2, dk=16, dv=64)  # 2 column blocks
 result["cases"]["ragged-bf16-chunk16"] = measure("bf16", RAGGED, torch.bfloat16, 16, 6)
+LONG = [70, 3, 130]  # chunks of 64: full ones span the blocked inverse's 4 diagonal blocks of 16
+result["cases"]["long-f32-chunk64"] = measure("long", LONG, torch.float32, 64, 7)
+for blocked in (True, False):  # the blocked inverse against row-by-row substitution, on the same data
+    kernel_module.BLOCKED_INVERSE = blocked
+    result["cases"][f"long-f32-chunk64-blocked-{blocked}"] = measure("long", LONG, torch.float32, 64, 8)
+kernel_module.BLOCKED_INVERSE = True
 
-args = inputs(RAGGED, torch.float32, 1)
+# Worst case for the inverse: every key the same, beta near 1, almost no decay (A is nearly all ones below the
+# diagonal; its powers grow binomially, the inverse stays bidiagonal).
+def repeated_keys(lengths, seed):
+    q, k, v, g, beta, cu, state = inputs(lengths, torch.float32, seed)
+    return q, k[:1].expand_as(k).contiguous(), v, torch.full_like(g, -1e-4), torch.full_like(beta, 0.99), cu, state
+args = repeated_keys([64, 100], 9)
+out, final = run(kernel_module, args, 64)
 ref_out, ref_final = torch.empty_like(args[2]), torch.empty_like(args[6])
-torch_op(*args, ref_out, ref_final, chunk_size=16)
+torch_op(*args, ref_out, ref_final, chunk_size=64)
+rec_out, rec_final = recurrent(*args)
+result["cases"]["repeated-keys-f32-chunk64"] = {"unwritten": int(out.isnan().sum() + final.isnan().sum()), "out_vs_torch": rel(out, ref_out),
+                                                 "state_vs_torch": rel(final, ref_final), "out_vs_recurrent": rel(out, rec_out), "state_vs_recurrent": rel(final, rec_final)}
+
 for name, (old, new) in WRONG_VARIANTS.items():
-    out, final = run(wrong_module(name, old, new), args, 16)
-    result["wrong"][name] = {"out_vs_torch": rel(out, ref_out), "state_vs_torch": rel(final, ref_final)}
+    module = wrong_module(name, old, new)
+    result["wrong"][name] = {}
+    for label, make, chunk in (("ragged16", lambda: inputs(RAGGED, torch.float32, 1), 16), ("long64", lambda: inputs(LONG, torch.float32, 1), 64),
+                               ("repeated64", lambda: repeated_keys([64, 100], 9), 64)):  # fmt: skip
+        args = make()
+        ref_out, ref_final = torch.empty_like(args[2]), torch.empty_like(args[6])
+        torch_op(*args, ref_out, ref_final, chunk_size=chunk)
+        out, final = run(module, args, chunk)
+        result["wrong"][name] |= {f"out_vs_torch_{label}": rel(out, ref_out), f"state_vs_torch_{label}": rel(final, ref_final)}
 print("RESULT" + json.dumps(result))
 print("ok")
 """
@@ -147,6 +172,7 @@ def test_contract_cpu_cases_pass_under_the_interpreter(run):
 
 @pytest.mark.parametrize("case", [
     "ragged-f32-chunk16", "ragged-f32-chunk8", "batch1-f32-chunk16", "batch3-empty-seq-in-place", "batch3-hv-eq-hk-dv64",
+    "long-f32-chunk64", "long-f32-chunk64-blocked-True", "long-f32-chunk64-blocked-False", "repeated-keys-f32-chunk64",
 ])
 def test_float32_matches_the_torch_op_and_the_recurrence(measured, case):
     errors = measured["cases"][case]
