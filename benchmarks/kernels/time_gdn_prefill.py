@@ -5,8 +5,8 @@
 One layer, Hk=16, Hv=32, Dk=Dv=128, bfloat16 q/k/v, float32 gates and state, prompt lengths 1024 and
 4096 (one sequence) and 4 x 256 (ragged batch). Each implementation's output and final state are
 compared with the torch op (relative Frobenius error) before it is timed; the Triton kernel runs with
-DOT_PRECISION "tf32x3" and launch 1's row-by-row inverse (run7 and before), "tf32x3" with the blocked inverse
-(`BLOCKED_INVERSE`), and "tf32" (one tensor-core pass) with the blocked inverse. fla (flash-linear-attention's
+DOT_PRECISION "tf32x3" and launch 1's row-by-row inverse (run18 and before), "tf32x3" with the blocked inverse
+(`BLOCKED_INVERSE`), and "tf32" (one tensor-core pass, what bfloat16 inputs get from run20 on) with the blocked inverse. fla (flash-linear-attention's
 `chunk_gated_delta_rule`, the kernels transformers calls) is timed where it imports, with q/k repeated
 to the value heads as transformers does. Medians of CUDA-event timings of eager calls (host launch
 cost included, as a prefill pays it). No speed is asserted.
@@ -101,7 +101,7 @@ def main(path: str) -> None:
             print(f"T={tokens:5d} B={seqs} {name:22s} {seconds * 1e3:8.3f} ms  out rel {errors[0]:.1e}  state rel {errors[1]:.1e}", flush=True)
         with open(path, "w") as handle:
             json.dump(records, handle, indent=1)
-    triton_gdn.DOT_PRECISION, triton_gdn.BLOCKED_INVERSE = "tf32x3", True
+    triton_gdn.DOT_PRECISION, triton_gdn.BLOCKED_INVERSE = None, True
 
 
 if __name__ == "__main__":

@@ -63,11 +63,15 @@ BLOCK_D_MAX = 32  # columns of q, k, v per slice in launch 1
 SUB_CHUNK = tl.constexpr(16)  # diagonal block of launch 1's blocked inverse (`_unit_lower_inverse_blocked`)
 BLOCKED_INVERSE = True  # launch 1 inverts I + A blockwise (16 + 4 steps at C = 64); False: row-by-row substitution (64 steps)
 NUM_WARPS = 8  # both launches at C = 64, Dk = Dv = 128 (4 warps spill more; see below)
-# float32 operands of tl.dot on the GPU. "tf32x3" (three tensor-core passes, about fp32 accuracy):
-# ptxas for sm_90 at the real shape, 8 warps: launch 1 255 registers, no spill; launch 2 255 registers,
-# 720-byte stack. "ieee" (exact fp32 FMA dot) spills far more there (launch 2: 5.8 KB stack), so it is
-# used only under the interpreter, which needs it (its reduced-precision dot paths are not the GPU's).
-DOT_PRECISION = "tf32x3"
+# float32 operands of tl.dot on the GPU, by the dtype of q, k, v. "tf32x3" (three tensor-core passes, about fp32
+# accuracy) for float32 inputs: ptxas for sm_90 at the real shape, 8 warps: launch 1 255 registers, no spill;
+# launch 2 255 registers, 720-byte stack. "tf32" (one pass, 10-bit significands, more than bfloat16's 7) for 16-bit
+# inputs: run19 (H200, 1024 tokens, one layer) 0.354 ms against 0.641 ms, against the float32 torch op out rel
+# 2.5e-3 and state rel 1.1e-3 (tf32x3: 4.9e-5 and 8.0e-7; fla, which transformers calls: 4.5e-3 and 3.1e-3), inside
+# the contract's bfloat16 bounds (6e-3, 5e-3). "ieee" (exact fp32 FMA dot) spills far more (launch 2: 5.8 KB
+# stack), so it is used only under the interpreter, which needs it (its reduced-precision dot paths are not the GPU's).
+PRECISION_FOR = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf32"}
+DOT_PRECISION: str | None = None  # one precision for every dtype instead (benchmarks); None: PRECISION_FOR
 
 
 @triton.jit
@@ -319,7 +323,7 @@ def gdn_chunked_prefill(
     block_k = max(2 * MIN_DOT, triton.next_power_of_2(k_dim))  # launch 2 splits Dk in two halves
     block_dv = max(MIN_DOT, triton.next_power_of_2(v_dim))
     block_v = min(BLOCK_V_MAX, block_dv)
-    precision = "ieee" if interpreting() else DOT_PRECISION
+    precision = "ieee" if interpreting() else DOT_PRECISION or PRECISION_FOR[query.dtype]
     chunk_start, chunk_len, seq_first, seq_count = _chunk_table_from_offsets(offsets, tokens, chunk, query.device)
     num_slots = chunk_start.shape[0]
     device = query.device

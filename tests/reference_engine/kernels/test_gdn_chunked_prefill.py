@@ -198,8 +198,11 @@ def test_the_comparison_rejects_a_known_wrong_kernel(measured, wrong):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("lengths", [[1024], [1, 255, 256, 512]])
-def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths):
+def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths, dtype):
+    """bfloat16 inputs run one-pass tf32 dots (within the contract's bfloat16 bounds, and tighter than fla's run19
+    figures); float32 inputs run tf32x3, about float32 accuracy."""
     from reference_engine.kernels.gdn_chunked_prefill import gdn_chunked_prefill
     from reference_engine.ops.linear_attention import gdn_chunked_prefill as torch_op
 
@@ -209,7 +212,7 @@ def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths):
     def randn(*shape):
         return torch.randn(*shape, generator=generator, device="cuda")
 
-    q, k, v = randn(tokens, 16, 128).bfloat16(), randn(tokens, 16, 128).bfloat16(), randn(tokens, 32, 128).bfloat16()
+    q, k, v = randn(tokens, 16, 128).to(dtype), randn(tokens, 16, 128).to(dtype), randn(tokens, 32, 128).to(dtype)
     g = -0.5 * torch.rand(tokens, 32, generator=generator, device="cuda") - 0.01
     beta = torch.rand(tokens, 32, generator=generator, device="cuda")
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
@@ -225,8 +228,9 @@ def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths):
     def rel(a, b):
         return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
-    assert rel(final, expected_state) < 1e-4, rel(final, expected_state)
-    assert rel(out.float(), expected_out.float()) < 5e-3, rel(out.float(), expected_out.float())
+    state_bound, out_bound = (1e-4, 1e-4) if dtype == torch.float32 else (3e-3, 5e-3)  # run19 tf32: 1.1e-3 and 2.5e-3
+    assert rel(final, expected_state) < state_bound, rel(final, expected_state)
+    assert rel(out.float(), expected_out.float()) < out_bound, rel(out.float(), expected_out.float())
 
 
 @pytest.mark.parametrize(("lengths", "chunk"), [([5], 4), ([0, 7, 1, 8], 4), ([64, 65, 0, 3], 64), ([1, 1, 1], 1)])
