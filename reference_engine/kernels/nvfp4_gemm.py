@@ -30,7 +30,7 @@ group is cut into blocks of BLOCK_M pairs, and two launches run over the blocks:
   B. (block, H column block): act rows x the expert's down rows, times the tensor scale and the pair's
      routing weight, written in float32 at the pair's own index t * top_k + j of [T * top_k, H].
 Then torch sums the top_k slots of every token (deterministic; no atomics). The block table is built
-with torch (sort, scatter-add counts, cumsum, searchsorted) on the device, no host sync; the grid is
+by a counting sort in three small launches (`block_table`) on the device, no host sync; the grid is
 sized by an upper bound on the block count (floor(P / BLOCK_M) + min(E, P), at most P, for P pairs),
 and blocks past the real count return at once. The only host sync is the expert-id range check,
 skipped while a CUDA graph is being captured.
@@ -514,10 +514,89 @@ def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
     return min(pairs, pairs // block_m + min(num_experts, pairs))
 
 
+_COUNT_BLOCK_P = 1024  # pair ids per step of the counting kernels
+
+
+@triton.jit
+def _expert_counts_kernel(ids_ptr, counts_ptr, P, BLOCK_P: tl.constexpr):
+    """Program e: how many of the P flat ids are e."""
+    expert = tl.program_id(0)
+    total = tl.zeros((BLOCK_P,), dtype=tl.int32)
+    p0 = 0
+    while p0 < P:  # while loops: the Triton 3.6 interpreter cannot take a runtime argument as a range bound
+        p = p0 + tl.arange(0, BLOCK_P)
+        ids = tl.load(ids_ptr + p, mask=p < P, other=-1)
+        total += (ids == expert).to(tl.int32)
+        p0 += BLOCK_P
+    tl.store(counts_ptr + expert, tl.sum(total, axis=0))
+
+
+@triton.jit
+def _block_table_kernel(counts_ptr, starts_ptr, table_ptr, E, MAX_BLOCKS, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
+    """One program: group starts (exclusive prefix sums of the counts) and the block table, as `block_table_torch`."""
+    e = tl.arange(0, BLOCK_E)
+    e_ok = e < E
+    counts = tl.load(counts_ptr + e, mask=e_ok, other=0)
+    group_end = tl.cumsum(counts, axis=0)  # inclusive
+    per_expert = (counts + BLOCK_M - 1) // BLOCK_M
+    blocks_end = tl.cumsum(per_expert, axis=0)
+    tl.store(starts_ptr + e, group_end - counts, mask=e_ok)
+    b0 = 0
+    while b0 < MAX_BLOCKS:
+        block = b0 + tl.arange(0, BLOCK_B)
+        expert = tl.sum(((blocks_end[None, :] <= block[:, None]) & e_ok[None, :]).to(tl.int32), axis=1)  # searchsorted, right
+        clamped = tl.minimum(expert, E - 1)
+        pick = e[None, :] == clamped[:, None]  # [BB, BE]: each block's expert (clamped past the real count)
+        end = tl.sum(tl.where(pick, group_end[None, :], 0), axis=1)
+        count = tl.sum(tl.where(pick, counts[None, :], 0), axis=1)
+        first_block = tl.sum(tl.where(pick, (blocks_end - per_expert)[None, :], 0), axis=1)
+        ok = block < MAX_BLOCKS
+        tl.store(table_ptr + block, tl.where(expert < E, expert, -1), mask=ok)
+        tl.store(table_ptr + MAX_BLOCKS + block, end - count + (block - first_block) * BLOCK_M, mask=ok)
+        tl.store(table_ptr + 2 * MAX_BLOCKS + block, end, mask=ok)
+        b0 += BLOCK_B
+
+
+@triton.jit
+def _scatter_order_kernel(ids_ptr, starts_ptr, order_ptr, P, BLOCK_P: tl.constexpr):
+    """Program e: the indices of the pairs whose id is e, in pair order, at order[starts[e]...]."""
+    expert = tl.program_id(0)
+    base = tl.load(starts_ptr + expert)
+    p0 = 0
+    while p0 < P:
+        p = p0 + tl.arange(0, BLOCK_P)
+        match = tl.load(ids_ptr + p, mask=p < P, other=-1) == expert
+        hits = match.to(tl.int32)
+        tl.store(order_ptr + base + tl.cumsum(hits, axis=0) - 1, p, mask=match)
+        base += tl.sum(hits, axis=0)
+        p0 += BLOCK_P
+
+
 def block_table(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """topk_ids [T, k] -> (order [T*k] int32: flat pair indices sorted by expert, stable;
     blocks [3, max_blocks] int32: per block its expert (-1 past the real count), first sorted position and
-    the end of its expert's group). Torch on the device, no host sync."""
+    the end of its expert's group). A counting sort in three Triton launches (counts per expert; prefix sums and
+    the table in one program; each expert's pairs scattered in order), no host sync; the same result as
+    `block_table_torch` (run19: its radix sort took 2.6 ms of a 1024-token prefill). Ids must lie in [0, E)."""
+    flat = topk_ids.reshape(-1).to(torch.int32).contiguous()  # [P]
+    pairs = flat.numel()
+    blocks = max_blocks(pairs, num_experts, block_m)
+    device = flat.device
+    counts = torch.empty(num_experts, dtype=torch.int32, device=device)
+    starts = torch.empty(num_experts, dtype=torch.int32, device=device)
+    order = torch.empty(pairs, dtype=torch.int32, device=device)
+    table = torch.empty(3, blocks, dtype=torch.int32, device=device)
+    step = min(_COUNT_BLOCK_P, triton.next_power_of_2(max(pairs, 1)))
+    _expert_counts_kernel[(num_experts,)](flat, counts, pairs, BLOCK_P=step)
+    _block_table_kernel[(1,)](counts, starts, table, num_experts, blocks, BLOCK_M=block_m, BLOCK_E=triton.next_power_of_2(num_experts),
+                              BLOCK_B=min(64, triton.next_power_of_2(max(blocks, 1))))  # fmt: skip
+    _scatter_order_kernel[(num_experts,)](flat, starts, order, pairs, BLOCK_P=step)
+    return order, table
+
+
+def block_table_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`block_table` in torch ops (a stable sort, scatter-add counts, cumsums, searchsorted): the reference the
+    tests compare the counting sort with."""
     flat = topk_ids.reshape(-1).long()  # [P]
     pairs = flat.numel()
     order = torch.sort(flat, stable=True).indices  # [P]

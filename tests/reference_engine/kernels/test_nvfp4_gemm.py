@@ -263,6 +263,17 @@ for b in range(table.shape[1]):
     covered += rows.tolist()
     assert (flat[rows] == expert).all()
 results["checks"].append(["block table covers every pair once", sorted(covered) == list(range(flat.numel()))])
+# the counting sort (Triton) against the torch reference: identical order and table, on skewed, uniform and
+# single-expert routings, with more pairs than one counting step (1024) and block sizes 16 and 64
+gen_ids = torch.Generator().manual_seed(23)
+for label, routing, experts_n, block_m in (
+    ("case ids", ids, E, 16),
+    ("uniform 2600 pairs", torch.randint(0, 256, (325, 8), generator=gen_ids, dtype=torch.int32), 256, 64),
+    ("skewed", (torch.rand(300, 4, generator=gen_ids) ** 4 * 40).to(torch.int32), 40, 16),
+    ("one expert", torch.full((70, 2), 3, dtype=torch.int32), 5, 16),
+):
+    got, want = nvfp4_gemm.block_table(routing, experts_n, block_m), nvfp4_gemm.block_table_torch(routing, experts_n, block_m)
+    results["checks"].append([f"counting-sort block table equals the torch one ({label})", torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])])
 
 # known-wrong MoE variants
 swap_nibbles = lambda p: ((p >> 4) | (p << 4)).to(torch.uint8)
@@ -348,7 +359,7 @@ def test_word_decode_matches_byte_decode_exactly(results):
 
 def test_structural_checks(results):
     failed = [name for name, ok in results["checks"] if not ok]
-    assert not failed and len(results["checks"]) == 5, results["checks"]
+    assert not failed and len(results["checks"]) == 9, results["checks"]
 
 
 def test_kernels_compile_for_sm90_without_spills():
