@@ -1,11 +1,11 @@
-"""Batch-1 launch savings measured on the GPU, each against the path it replaces, and the tuning switches they imply.
+"""Decode launch savings measured on the GPU, each against the path it replaces, and the tuning switches they imply.
 
     PYTHONPATH=. python3 benchmarks/kernels/time_decode_pieces.py OUT.json [TUNING.json]
 
-- GDN decode step (Hk 16, Hv 32, Dk = Dv = 128): each head's value columns over 4 programs (the last applies
-  the norm) vs one program per head (`gdn_decode_step.STEP_SPLIT_BELOW` 128 vs 0);
-- MoE router (257 x 2048 bf16): logits and top-k in one launch vs cuBLAS logits + the top-k kernel
-  (`router.FUSED_ROUTER_MAX_TOKENS` 4 vs 0);
+- GDN decode step (Hk 16, Hv 32, Dk = Dv = 128) at batches 1, 8, 32, 64: each head's value columns over 4
+  programs (the last applies the norm) vs one program per head (`gdn_decode_step.STEP_SPLIT_BELOW`);
+- MoE router (257 x 2048 bf16) at the same batches: logits and top-k in one launch vs cuBLAS logits + the
+  top-k kernel (`router.FUSED_ROUTER_MAX_TOKENS`);
 - a GDN layer's in_proj_b/a (64 x 2048 bf16): the Triton dense GEMV vs torch.mm (`dense_gemv.MAX_TOKENS` 4 vs 0).
 Each is a CUDA graph of CALLS back-to-back calls on distinct weights or states (more bytes than the L2
 holds, as in a step where every layer has its own); the figure is graph time / CALLS. Outputs of both
@@ -34,20 +34,25 @@ def timed(call, count: int) -> float:
     return graph_seconds(step) * 1e6 / CALLS
 
 
-def gdn_step() -> dict:
+BATCHES = (1, 8, 32, 64)  # the GDN step and the router are timed at each; the switches take the largest batch of the
+# prefix from batch 1 where the new path wins
+
+
+def gdn_step(batch: int) -> dict:
     hk, hv, d, kernel = 16, 32, 128, 4
     channels = 2 * hk * d + hv * d
-    copies = 24  # 24 x (2 MiB recurrent + conv) state pools
+    copies = max(2, 48 // batch)  # state pools of 2 MiB per sequence: more bytes than the L2 holds in every graph
     g = torch.Generator(device="cuda").manual_seed(0)
-    mixed = torch.randn(1, channels, device="cuda", generator=g).bfloat16()
-    z = torch.randn(1, hv * d, device="cuda", generator=g).bfloat16()
-    b, a = torch.randn(1, hv, device="cuda", generator=g).bfloat16(), torch.randn(1, hv, device="cuda", generator=g).bfloat16()
+    mixed = torch.randn(batch, channels, device="cuda", generator=g).bfloat16()
+    z = torch.randn(batch, hv * d, device="cuda", generator=g).bfloat16()
+    b, a = torch.randn(batch, hv, device="cuda", generator=g).bfloat16(), torch.randn(batch, hv, device="cuda", generator=g).bfloat16()
     conv_weight = (torch.randn(channels, kernel, device="cuda", generator=g) * 0.5).bfloat16()
     a_log, dt_bias = torch.rand(hv, device="cuda", generator=g), torch.rand(hv, device="cuda", generator=g)
     norm_weight = torch.rand(d, device="cuda", generator=g).bfloat16() + 0.5
-    pools = [(torch.randn(2, channels, kernel - 1, device="cuda", generator=g).bfloat16(), torch.randn(2, hv, d, d, device="cuda", generator=g) * 0.1) for _ in range(copies)]
-    slots, init = torch.tensor([1], device="cuda"), torch.tensor([True], device="cuda")
-    out = torch.empty(1, hv * d, device="cuda", dtype=torch.bfloat16)
+    pools = [(torch.randn(batch + 1, channels, kernel - 1, device="cuda", generator=g).bfloat16(), torch.randn(batch + 1, hv, d, d, device="cuda", generator=g) * 0.1)
+             for _ in range(copies)]  # fmt: skip
+    slots, init = torch.arange(1, batch + 1, device="cuda"), torch.ones(batch, dtype=torch.bool, device="cuda")
+    out = torch.empty(batch, hv * d, device="cuda", dtype=torch.bfloat16)
 
     def call(index):
         conv, rec = pools[index]
@@ -55,7 +60,7 @@ def gdn_step() -> dict:
 
     record, outputs = {}, {}
     saved = [(c.clone(), r.clone()) for c, r in pools[:1]]
-    for name, below in (("split", 128), ("one program per head", 0)):
+    for name, below in (("split", 1 << 30), ("one program per head", 0)):
         gdn_decode_step.STEP_SPLIT_BELOW = below
         pools[0][0].copy_(saved[0][0])
         pools[0][1].copy_(saved[0][1])
@@ -67,12 +72,12 @@ def gdn_step() -> dict:
     return record
 
 
-def router_block() -> dict:
+def router_block(batch: int) -> dict:
     copies = 64  # 64 x 1 MiB router weights
     g = torch.Generator(device="cuda").manual_seed(1)
     weights = [(torch.randn(257, 2048, device="cuda", generator=g) * 2048**-0.5).bfloat16() for _ in range(copies)]
-    x = torch.randn(1, 2048, device="cuda", generator=g).bfloat16()
-    topk_w, topk_i = torch.empty(1, 9, device="cuda"), torch.empty(1, 9, dtype=torch.int32, device="cuda")
+    x = torch.randn(batch, 2048, device="cuda", generator=g).bfloat16()
+    topk_w, topk_i = torch.empty(batch, 9, device="cuda"), torch.empty(batch, 9, dtype=torch.int32, device="cuda")
 
     def fused(index):
         router.router_gemv_topk_with_shared(x, weights[index], topk_w, topk_i, 8)
@@ -85,8 +90,8 @@ def router_block() -> dict:
         call(0)
         ids[name] = topk_i.clone()
         record[name] = timed(call, copies)
-    # ids in common among the 8 routed slots (a logit rounded differently can swap a near-tie; 8 of 8 expected)
-    record["shared_ids"] = len(set(ids["fused"][0, :8].tolist()) & set(ids["cuBLAS + top-k"][0, :8].tolist()))
+    # ids in common among the 8 routed slots per token (a logit rounded differently can swap a near-tie)
+    record["shared_ids"] = sum(len(set(ids["fused"][t, :8].tolist()) & set(ids["cuBLAS + top-k"][t, :8].tolist())) for t in range(batch)) / batch
     assert moe_decode.router is router
     return record
 
@@ -108,9 +113,20 @@ def dense() -> dict:
     return record
 
 
+def _prefix_max(wins) -> int:
+    """The largest batch b of `BATCHES` such that `wins` holds at b and at every smaller batch measured (0: none)."""
+    best = 0
+    for n in BATCHES:
+        if not wins(n):
+            break
+        best = n
+    return best
+
+
 def main(path: str, tuning_path: str | None) -> None:
     records = {}
-    for name, piece in (("gdn_decode_step_us", gdn_step), ("router_us", router_block), ("dense_in_proj_ba_us", dense)):
+    pieces = [(f"gdn_decode_step_us_batch_{n}", lambda n=n: gdn_step(n)) for n in BATCHES] + [(f"router_us_batch_{n}", lambda n=n: router_block(n)) for n in BATCHES]
+    for name, piece in [*pieces, ("dense_in_proj_ba_us", dense)]:
         try:
             records[name] = piece()
         except Exception as failure:  # noqa: BLE001 - one failing piece leaves the others measured and its switch untouched
@@ -121,11 +137,19 @@ def main(path: str, tuning_path: str | None) -> None:
     if tuning_path:
         with open(tuning_path) as handle:
             tuning = json.load(handle)
-        gdn, route, ba = records["gdn_decode_step_us"], records["router_us"], records["dense_in_proj_ba_us"]
-        if "error" not in gdn:
-            tuning["gdn_step_split_below"] = 128 if gdn["split"] < gdn["one program per head"] and gdn["rel_difference"] < 1e-2 else 0
-        if "error" not in route:
-            tuning["fused_router_max_tokens"] = 4 if route["fused"] < route["cuBLAS + top-k"] and route["shared_ids"] >= 8 else 0
+        ba = records["dense_in_proj_ba_us"]
+
+        def split_wins(n):
+            gdn = records[f"gdn_decode_step_us_batch_{n}"]
+            return "error" not in gdn and gdn["split"] < gdn["one program per head"] and gdn["rel_difference"] < 1e-2
+
+        def fused_wins(n):
+            route = records[f"router_us_batch_{n}"]
+            return "error" not in route and route["fused"] < route["cuBLAS + top-k"] and route["shared_ids"] >= 7.9
+
+        split_upto = _prefix_max(split_wins)
+        tuning["gdn_step_split_below"] = split_upto * 32 + 1 if split_upto else 0  # split while batch x Hv (32) is below this
+        tuning["fused_router_max_tokens"] = _prefix_max(fused_wins)
         if "error" not in ba:
             tuning["dense_gemv_max_tokens"] = 4 if ba["triton"] < ba["torch"] and ba["rel_difference"] < 1e-2 else 0
         with open(tuning_path, "w") as handle:
