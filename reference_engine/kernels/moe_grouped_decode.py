@@ -40,11 +40,13 @@ from reference_engine.kernels.launch import (
     staging_buffer,
 )
 from reference_engine.kernels.nvfp4_gemm import (
+    SLOT_SUM_BLOCK_H,
     GemmPlan,
     _decode,
     _dot,
     _dot_kind,
     _packed_operand,
+    _slot_sum_kernel,
     _tile,
     _x_tile,
 )
@@ -74,7 +76,6 @@ class GroupedPlan:
 PLAN = GroupedPlan()
 MIN_TOKENS: int | None = None  # `moe_decode.moe_block_decode` runs these kernels from this batch on (None: never; the tuning file sets it)
 POISON_SCRATCH = False  # tests: fill act and y with NaN first, so a pair the kernels never write shows up in the output
-_SLOT_SUM_BLOCK_H = 512
 
 
 def _scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -202,17 +203,6 @@ def _down_kernel(
                     H, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)  # fmt: skip
 
 
-@triton.jit
-def _slot_sum_kernel(y_ptr, out_ptr, H: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr):
-    token = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    ok = cols < H
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for j in tl.static_range(SLOTS):  # slot order: the same sum for the same routing
-        acc += tl.load(y_ptr + (token * SLOTS + j) * H + cols, mask=ok, other=0.0)
-    tl.store(out_ptr + token * H + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
-
-
 def _groups(ids: torch.Tensor, groups: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [T, top_k + 1] int32 -> (counts [E + 1] int32, pairs [E + 1, P] int32 filled up to counts): launch 1."""
     pairs = ids.numel()
@@ -285,7 +275,7 @@ def grouped_experts_with_shared(
     )
     buffer = staging_buffer(out)
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
-    block_h = min(_SLOT_SUM_BLOCK_H, triton.next_power_of_2(hidden))
+    block_h = min(SLOT_SUM_BLOCK_H, triton.next_power_of_2(hidden))
     _slot_sum_kernel[(tokens, triton.cdiv(hidden, block_h))](y, target, H=hidden, SLOTS=slots, BLOCK_H=block_h)
     if target is not buffer:
         buffer.copy_(target)

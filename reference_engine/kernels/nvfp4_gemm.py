@@ -29,7 +29,8 @@ group is cut into blocks of BLOCK_M pairs, and two launches run over the blocks:
      at the pairs' sorted positions [T * top_k, I];
   B. (block, H column block): act rows x the expert's down rows, times the tensor scale and the pair's
      routing weight, written in float32 at the pair's own index t * top_k + j of [T * top_k, H].
-Then torch sums the top_k slots of every token (deterministic; no atomics). The block table is built
+Then `_slot_sum_kernel` sums the top_k slots of every token in slot order and rounds once into out
+(deterministic; no atomics). The block table is built
 by a counting sort in three small launches (`block_table`) on the device, no host sync; the grid is
 sized by an upper bound on the block count (floor(P / BLOCK_M) + min(E, P), at most P, for P pairs),
 and blocks past the real count return at once. The only host sync is the expert-id range check,
@@ -480,6 +481,17 @@ def _moe_down_kernel(
     tl.store(out_ptrs, acc, mask=valid[:, None] & (cols < H)[None, :])
 
 
+@triton.jit
+def _slot_sum_kernel(y_ptr, out_ptr, H: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = cols < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(SLOTS):  # slot order: the same sum for the same routing
+        acc += tl.load(y_ptr + (token * SLOTS + j) * H + cols, mask=ok, other=0.0)
+    tl.store(out_ptr + token * H + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
 def _check_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: StackedNvfp4Experts, out: torch.Tensor) -> tuple[int, int, int, int]:
     """Shape and dtype checks; returns (T, top_k, E, I)."""
     if x.dim() != 2 or x.dtype not in _ACTIVATION_DTYPES:
@@ -515,6 +527,7 @@ def max_blocks(pairs: int, num_experts: int, block_m: int) -> int:
 
 
 _COUNT_BLOCK_P = 1024  # pair ids per step of the counting kernels
+SLOT_SUM_BLOCK_H = 512  # output columns per program of `_slot_sum_kernel`
 
 
 @triton.jit
@@ -659,5 +672,11 @@ def nvfp4_moe_prefill(
         BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
         DOT_KIND=dot_kind, DECODE=_decode(plan_b), num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
     )
-    out.copy_(pair_out.view(tokens, top_k, hidden).sum(dim=1))  # fixed order over the k slots, rounded once
+    buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16), else `out`
+    target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
+    block_h = min(SLOT_SUM_BLOCK_H, triton.next_power_of_2(hidden))
+    _slot_sum_kernel[(tokens, triton.cdiv(hidden, block_h))](pair_out, target, H=hidden, SLOTS=top_k, BLOCK_H=block_h)  # slot order, rounded once
+    if target is not buffer:
+        buffer.copy_(target)
+    finish(buffer, out)
     return out
