@@ -43,12 +43,11 @@ from reference_engine.kernels.nvfp4_gemm import (
     SLOT_SUM_BLOCK_H,
     GemmPlan,
     _decode,
-    _dot,
     _dot_kind,
+    _gate_up_products,
     _packed_operand,
+    _rows_products,
     _slot_sum_kernel,
-    _tile,
-    _x_tile,
 )
 from reference_engine.ops.moe import _check_expert_range
 from reference_engine.ops.static_moe import (
@@ -122,14 +121,7 @@ def _gate_up_group(
     while m0 < count:  # a while loop: the Triton 3.6 interpreter cannot take a loaded scalar as a range bound
         pairs, valid = _tile_pairs(pairs_ptr, group, P, count, m0, BLOCK_M)
         x_rows = (pairs // SLOTS).to(tl.int64) * stride_xm
-        acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for byte0 in range(0, H_BYTES, BLOCK_KB):
-            x = _x_tile(x_ptr, x_rows, H_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-            w_gate = _tile(w_ptr, s_ptr, gate_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-            acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
-            w_up = _tile(w_ptr, s_ptr, up_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-            acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
+        acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, w_ptr, s_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
         gate = acc_gate * gate_scale
         act = gate / (1.0 + tl.exp(-gate)) * (acc_up * up_scale)
         out_ptrs = act_ptr + pairs[:, None].to(tl.int64) * I + cols[None, :]
@@ -171,11 +163,7 @@ def _down_group(
     while m0 < count:
         pairs, valid = _tile_pairs(pairs_ptr, group, P, count, m0, BLOCK_M)
         act_rows = pairs.to(tl.int64) * (2 * I_BYTES)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for byte0 in range(0, I_BYTES, BLOCK_KB):
-            a = _x_tile(act_ptr, act_rows, I_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-            w = _tile(w_ptr, s_ptr, down_rows, I_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-            acc = _dot(a, tl.trans(w), acc, DOT_KIND)
+        acc = _rows_products(act_ptr, act_rows, w_ptr, s_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
         weight = tl.load(weights_ptr + pairs, mask=valid, other=0.0)  # [BM] routing weight or shared gate
         y = acc * tensor_scale * weight[:, None]
         tl.store(y_ptr + pairs[:, None].to(tl.int64) * H + cols[None, :], y, mask=valid[:, None] & (cols < H)[None, :])

@@ -411,6 +411,34 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
 
 
 @triton.jit
+def _gate_up_products(x_ptr, x_rows, w_ptr, s_ptr, gate_rows, up_rows, K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr):
+    """(gate, up) [BLOCK_M, BLOCK_N] float32 accumulators: x rows at element offsets x_rows [BM] times the NVFP4
+    gate rows and the matching up rows (one x tile per K step for both), before the tensor scales."""
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for byte0 in range(0, K_BYTES, BLOCK_KB):
+        x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
+        w_gate = _tile(w_ptr, s_ptr, gate_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+        acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
+        w_up = _tile(w_ptr, s_ptr, up_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+        acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
+    return acc_gate, acc_up
+
+
+@triton.jit
+def _rows_products(a_ptr, a_rows, w_ptr, s_ptr, w_rows, K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] float32: rows of `a` at element offsets a_rows [BM] times NVFP4 rows w_rows, over all of K."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for byte0 in range(0, K_BYTES, BLOCK_KB):
+        a = _x_tile(a_ptr, a_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
+        w = _tile(w_ptr, s_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+        acc = _dot(a, tl.trans(w), acc, DOT_KIND)
+    return acc
+
+
+@triton.jit
 def _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M: tl.constexpr):
     """Block table [3, MAX_BLOCKS] int32 (expert, first sorted position, end of the expert's group) ->
     (expert, positions [BLOCK_M], valid [BLOCK_M], clamped positions for unmasked loads)."""
@@ -438,14 +466,7 @@ def _moe_gate_up_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     gate_rows = expert.to(tl.int64) * (2 * I) + tl.minimum(cols, I - 1)
     up_rows = gate_rows + I
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for byte0 in range(0, H_BYTES, BLOCK_KB):
-        x = _x_tile(x_ptr, x_rows, H_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-        w_gate = _tile(packed_ptr, scale_ptr, gate_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-        acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
-        w_up = _tile(packed_ptr, scale_ptr, up_rows, H_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-        acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
+    acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, packed_ptr, scale_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
     undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0  # the decoded operand's power of two
     gate = acc_gate * (tl.load(scale_2_ptr + 2 * expert) * undo)
     up = acc_up * (tl.load(scale_2_ptr + 2 * expert + 1) * undo)
@@ -469,11 +490,7 @@ def _moe_down_kernel(
     act_rows = safe.to(tl.int64) * (2 * I_BYTES)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     down_rows = expert.to(tl.int64) * H + tl.minimum(cols, H - 1)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for byte0 in range(0, I_BYTES, BLOCK_KB):
-        a = _x_tile(act_ptr, act_rows, I_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-        w = _tile(packed_ptr, scale_ptr, down_rows, I_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-        acc = _dot(a, tl.trans(w), acc, DOT_KIND)
+    acc = _rows_products(act_ptr, act_rows, packed_ptr, scale_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
     routing = tl.load(weights_ptr + pairs)  # [BM] float32
     undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0
     acc = acc * (tl.load(scale_2_ptr + expert) * undo) * routing[:, None]
