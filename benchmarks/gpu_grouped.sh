@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU call: the tensor-core GEMMs' weight decodes (1 against 2, scales as words; committed decode-batch tiles),
+# One GPU call: the tensor-core GEMMs' weight decodes (`time_gemm_tiles.DECODES`; run18 compared 1 with the scale-word
+# decode 2, since reverted; committed decode-batch tiles),
 # then the grouped MoE decode against the per-pair kernels (`kernels/time_moe_grouped.py`), each writing the
 # tuning file the next step and the bench use; the CUDA tests of both; the quick bench (batches 1 and 32).
 # Run from the repository root on the GPU machine; writes under $OUT.

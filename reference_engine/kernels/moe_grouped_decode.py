@@ -16,7 +16,7 @@ that chose it. Four launches, no sort, no host synchronisation, deterministic:
 3. `_down_kernel`, grid (E + 1, cdiv(H, BLOCK_N)): act rows times the expert's down rows, times the tensor
    scale and the pair's weight (routing weight, or sigmoid of the shared gate logit), float32 at the pair's
    row of y [P, H].
-4. `_slot_sum_kernel`, grid (T, cdiv(H, BLOCK_H)): out[t] = sum over the slots of y[t * (top_k + 1) + j] in
+4. `nvfp4_gemm.slot_sum` (`_slot_sum_kernel`, grid (T, cdiv(H, BLOCK_H))): out[t] = sum over the slots of y[t * (top_k + 1) + j] in
    slot order, rounded once into x's dtype.
 
 The weight tiles are `nvfp4_gemm._tile` (decode 1: codes read as int32 words and decoded to bfloat16 pairs
@@ -34,20 +34,17 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import (
-    finish,
     interpreting,
     require_launchable,
-    staging_buffer,
 )
 from reference_engine.kernels.nvfp4_gemm import (
-    SLOT_SUM_BLOCK_H,
     GemmPlan,
     _decode,
     _dot_kind,
     _gate_up_products,
     _packed_operand,
     _rows_products,
-    _slot_sum_kernel,
+    slot_sum,
 )
 from reference_engine.ops.moe import _check_expert_range
 from reference_engine.ops.static_moe import (
@@ -261,10 +258,4 @@ def grouped_experts_with_shared(
         H=hidden, I_BYTES=inter // 2, BLOCK_M=p.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb,
         EVEN_K=(inter // 2) % plan_b.block_kb == 0, DOT_KIND=dot_kind, DECODE=decode_b, num_warps=p.num_warps, num_stages=p.num_stages,
     )
-    buffer = staging_buffer(out)
-    target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
-    block_h = min(SLOT_SUM_BLOCK_H, triton.next_power_of_2(hidden))
-    _slot_sum_kernel[(tokens, triton.cdiv(hidden, block_h))](y, target, H=hidden, SLOTS=slots, BLOCK_H=block_h)
-    if target is not buffer:
-        buffer.copy_(target)
-    finish(buffer, out)
+    slot_sum(y, out, slots)

@@ -500,6 +500,7 @@ def _moe_down_kernel(
 
 @triton.jit
 def _slot_sum_kernel(y_ptr, out_ptr, H: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t] = sum_j y[t * SLOTS + j] for j in slot order (float32 rows), rounded once into out's dtype."""
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = cols < H
@@ -573,19 +574,17 @@ def _block_table_kernel(counts_ptr, starts_ptr, table_ptr, E, MAX_BLOCKS, BLOCK_
     per_expert = (counts + BLOCK_M - 1) // BLOCK_M
     blocks_end = tl.cumsum(per_expert, axis=0)
     tl.store(starts_ptr + e, group_end - counts, mask=e_ok & (tl.program_id(0) == 0))
-    b0 = tl.program_id(0) * BLOCK_B
-    if b0 < MAX_BLOCKS:
-        block = b0 + tl.arange(0, BLOCK_B)
-        expert = tl.sum(((blocks_end[None, :] <= block[:, None]) & e_ok[None, :]).to(tl.int32), axis=1)  # searchsorted, right
-        clamped = tl.minimum(expert, E - 1)
-        pick = e[None, :] == clamped[:, None]  # [BB, BE]: each block's expert (clamped past the real count)
-        end = tl.sum(tl.where(pick, group_end[None, :], 0), axis=1)
-        count = tl.sum(tl.where(pick, counts[None, :], 0), axis=1)
-        first_block = tl.sum(tl.where(pick, (blocks_end - per_expert)[None, :], 0), axis=1)
-        ok = block < MAX_BLOCKS
-        tl.store(table_ptr + block, tl.where(expert < E, expert, -1), mask=ok)
-        tl.store(table_ptr + MAX_BLOCKS + block, end - count + (block - first_block) * BLOCK_M, mask=ok)
-        tl.store(table_ptr + 2 * MAX_BLOCKS + block, end, mask=ok)
+    block = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    expert = tl.sum(((blocks_end[None, :] <= block[:, None]) & e_ok[None, :]).to(tl.int32), axis=1)  # searchsorted, right
+    clamped = tl.minimum(expert, E - 1)
+    pick = e[None, :] == clamped[:, None]  # [BB, BE]: each block's expert (clamped past the real count)
+    end = tl.sum(tl.where(pick, group_end[None, :], 0), axis=1)
+    count = tl.sum(tl.where(pick, counts[None, :], 0), axis=1)
+    first_block = tl.sum(tl.where(pick, (blocks_end - per_expert)[None, :], 0), axis=1)
+    ok = block < MAX_BLOCKS
+    tl.store(table_ptr + block, tl.where(expert < E, expert, -1), mask=ok)
+    tl.store(table_ptr + MAX_BLOCKS + block, end - count + (block - first_block) * BLOCK_M, mask=ok)
+    tl.store(table_ptr + 2 * MAX_BLOCKS + block, end, mask=ok)
 
 
 @triton.jit
@@ -691,11 +690,18 @@ def nvfp4_moe_prefill(
         BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
         DOT_KIND=dot_kind, DECODE=_decode(plan_b), num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
     )
+    slot_sum(pair_out, out, top_k)
+    return out
+
+
+def slot_sum(y: torch.Tensor, out: torch.Tensor, slots: int) -> None:
+    """out [T, H] = the sum over each token's `slots` consecutive float32 rows of y [T * slots, H], in slot order,
+    rounded once into out's dtype (one launch; deterministic)."""
+    tokens, hidden = out.shape
     buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16), else `out`
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     block_h = min(SLOT_SUM_BLOCK_H, triton.next_power_of_2(hidden))
-    _slot_sum_kernel[(tokens, triton.cdiv(hidden, block_h))](pair_out, target, H=hidden, SLOTS=top_k, BLOCK_H=block_h)  # slot order, rounded once
+    _slot_sum_kernel[(tokens, triton.cdiv(hidden, block_h))](y, target, H=hidden, SLOTS=slots, BLOCK_H=block_h)
     if target is not buffer:
         buffer.copy_(target)
     finish(buffer, out)
-    return out

@@ -13,8 +13,9 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
 
 GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1). `gemv_words` sets the word reads
 for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
-instead of the GEMV (at most 65); the last three switch the batch-1 launch savings of the GDN decode step,
-the MoE router and the small dense linears (`benchmarks/kernels/time_decode_pieces.py` measures them).
+instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
+heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
+(`benchmarks/kernels/time_decode_pieces.py` measures them at batches 1 to 64).
 `gemm_decode` picks the weight decode of the tensor-core GEMMs (prefill linears and experts, decode batches from
 `gemm_min_tokens`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`);
 `moe_grouped_decode` the batch from which the decode MoE block runs grouped by expert, and its tiles
