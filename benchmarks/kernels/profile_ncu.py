@@ -19,11 +19,11 @@ import torch
 
 sys.path.insert(0, "benchmarks/kernels")
 
-from time_moe_decode import H, TOP_K, layer, quantized  # noqa: E402
+from time_moe_decode import TOP_K, H, layer, quantized
 
-from reference_engine.kernels import gdn_decode_step, moe_decode  # noqa: E402
-from reference_engine.kernels.nvfp4_gemv import launch_w4a16_gemv  # noqa: E402
-from reference_engine.kernels.tuning import apply_for_device  # noqa: E402
+from reference_engine.kernels import gdn_decode_step, moe_decode
+from reference_engine.kernels.nvfp4_gemv import launch_w4a16_gemv
+from reference_engine.kernels.tuning import apply_for_device
 
 
 def gemv_calls() -> list:
