@@ -7,6 +7,7 @@ Configurations are those the wrappers pick at the real decode shapes.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import sys
 import time
@@ -44,6 +45,7 @@ def configs():
     half_sig = {"x32_ptr": "*i32", "blocks_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16", "workspace_ptr": "*fp32", "counter_ptr": "*i32", "N": I32, "K_BLOCKS": I32}
     for block_n, block_b, split, loop in ((128, 4, 1, 0), (256, 8, 2, 3), (64, 4, 4, 3)):
         yield f"w4a16 half N-block={block_n} blocks={block_b} split={split} loop={loop}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig, {"STEPS_PER_SPLIT": 4, "SPLIT_K": split, "BLOCK_N": block_n, "BLOCK_B": block_b, "ROW_SCALES": split == 1, "LOOP": loop, "ASM": True}
+        yield f"w4a16 half prescaled N-block={block_n} blocks={block_b} split={split}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig, {"STEPS_PER_SPLIT": 4, "SPLIT_K": split, "BLOCK_N": block_n, "BLOCK_B": block_b, "ROW_SCALES": split == 1, "LOOP": loop, "ASM": True, "PRESCALE": True}
     yield "split-k reduce", nvfp4_gemv._split_k_reduce_kernel, {"workspace_ptr": "*fp32", "out_ptr": "*bf16", "M": I32, "N": I32, "stride_om": I32}, {"SPLIT_K": 4, "BLOCK": 256}
     for (nvfp4, weight, scale, scale_2), loop in itertools.product(((True, "*u8", "*fp8e4nv", "*fp32"), (False, "*bf16", "*bf16", "*bf16")), (0, 1, 3)):
         unshared = {"SHARED": False, "LOOP": loop, "DECODE": 0, "shared_w_ptr": None, "shared_scale_ptr": None, "shared_scale_2_ptr": None}
@@ -56,6 +58,13 @@ def configs():
     for block in (8, 32):
         yield f"moe gate_up half rows={block}", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": block, "BLOCK_K": 64} | half_unshared
         yield f"moe down half rows={block}", moe_decode._down_kernel, {"act_ptr": "*i32", "ids_ptr": "*i32", "weights_ptr": "*fp32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": block, "BLOCK_I": 64} | half_unshared
+    shared_sig = {"shared_w_ptr": "*i64", "shared_scale_ptr": "*fp8e4nv", "shared_scale_2_ptr": "*fp32"}
+    down_sig = {"act_ptr": "*i32", "ids_ptr": "*i32", "weights_ptr": "*fp32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16"}
+    for split, decode in ((9, 5), (3, 3)):  # the down slots dealt over programs, ticket-ordered sum; x prescaled (DECODE 5)
+        yield f"moe down half split={split} decode={decode}", moe_decode._down_kernel, down_sig | shared_sig | {"workspace_ptr": "*fp32", "counter_ptr": "*i32"}, {
+            "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": 8, "BLOCK_I": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "SPLIT": split}
+    yield "moe gate_up half prescaled shared", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16"} | shared_sig, {
+        "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 8, "BLOCK_K": 256, "SHARED": True, "LOOP": 3, "DECODE": 5}
     yield "moe gate_up half shared", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16", "shared_w_ptr": "*i64", "shared_scale_ptr": "*fp8e4nv", "shared_scale_2_ptr": "*fp32"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 32, "BLOCK_K": 64, "SHARED": True, "LOOP": 3, "DECODE": 3}
     yield "dense gemv", dense_gemv._dense_gemv_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "N": I32, "stride_xm": I32, "stride_om": I32}, {"K": 2048, "TOKENS": 1, "BLOCK_N": 2, "BLOCK_K": 2048}
     yield "router logits + top-k", router._router_gemv_topk_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "counter_ptr": "*i32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32}, {"H": 2048, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "BLOCK_R": 4, "BLOCK_H": 512, "ROW_BLOCKS": 65}
@@ -64,7 +73,7 @@ def configs():
                 "state_ptr": "*fp32", "slots_ptr": "*i64", "init_ptr": "*u8", "out_ptr": "*bf16", "o_ptr": "*fp32", "counter_ptr": "*i32",
                 **{name: I32 for name in ("stride_zb", "stride_zc", "stride_bb", "stride_bh", "stride_ab", "stride_ah", "stride_ss", "stride_sh", "stride_sk", "stride_sv", "stride_ob", "stride_oc")},
                 "q_scale": "fp32", "eps": "fp32"}  # fmt: skip
-    for split, warps in ((1, 8), (4, 4)):
+    for split, warps in ((1, 8), (4, 4), (16, 4)):
         yield f"gdn decode step split={split}", gdn_decode_step._recurrent_norm_kernel, step_sig, {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 128 // split, "L2_EPS": 1e-6, "SPLIT": split, "BLOCK_DV": 128}
     yield "gdn decode", gdn_decode._gdn_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": "*bf16", "state_out_ptr": "*fp32", "q_scale": "fp32"}, {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 32, "EPS": 1e-6}
     for dtype, ieee in (("*bf16", False), ("*fp32", True)):
@@ -83,6 +92,8 @@ def main() -> int:
     failures = 0
     for name, kernel, signature, constants in configs():
         start = time.perf_counter()
+        constants = {param.name: param.default for param in kernel.params  # parameters left at their defaults (None pointers, SPLIT 1, ...)
+                     if param.name not in signature and param.name not in constants and param.default is not inspect.Parameter.empty} | constants
         full = dict(signature) | {key: "constexpr" for key in constants}
         try:
             compiled = triton.compile(ASTSource(kernel, full, constexprs=constants), target=TARGET)

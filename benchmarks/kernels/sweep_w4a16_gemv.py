@@ -1,15 +1,16 @@
 """Tile sweep of the W4A16 NVFP4 GEMV at the decode shapes of Qwen3.6-35B-A3B (batch 1), on a GPU.
 
-    PYTHONPATH=. python3 benchmarks/kernels/sweep_w4a16_gemv.py results.json [--batch-one]
+    PYTHONPATH=. python3 benchmarks/kernels/sweep_w4a16_gemv.py results.json [--batch-one | --batch-one-half]
 
 Each configuration (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K, num_warps, K loop: 0 plain, 1 unrolled, 3 pipelined in 3 stages,
-weight reads: 0 bytes, 1 int32 words, 2 int64 scale blocks in packed float16 pairs) is timed as a CUDA graph of
+weight reads: 0 bytes, 1 int32 words, 2 int64 scale blocks in packed float16 pairs, 3 the same with x prescaled) is timed as a CUDA graph of
 `CALLS` back-to-back calls, each on its own copy of the weights (copies together > 2x the 60 MB L2,
 so every call streams its weights from HBM as in a real step, where each layer has its own). The
 figure is graph time / CALLS: the in-graph cost of one call, launch gaps included. Bytes: packed
 weights + block scales + x + out. Each configuration's output is checked against the torch op
 (relative Frobenius error) before it is timed. Prints the best configurations per shape and the
-default `plan`'s, and writes every record as JSON. At batch 8, 32 and 64 it times the default GEMV (both
+default `plan`'s, and writes every record as JSON. `--batch-one-half`: batch 1 only, the packed float16 pairs
+only (plain and prescaled, 2 to 8 warps, down to 8 bytes per thread), no LM head. At batch 8, 32 and 64 it times the default GEMV (both
 weight reads) against the tensor-core GEMM of `kernels/nvfp4_gemm.py` (`write_tuning.py` picks the crossover). No speed is asserted.
 """
 
@@ -50,9 +51,20 @@ def time_config(x, weights, out, config) -> float:
     return graph_seconds(step) * 1e6 / CALLS
 
 
-def candidates(default: tuple[int, ...], rows: int, k_bytes: int) -> list[tuple[int, ...]]:
-    """Byte reads: the default plan and the best of run3; word reads: row blocks x K steps x loop form."""
+def candidates(default: tuple[int, ...], rows: int, k_bytes: int, half_only: bool = False) -> list[tuple[int, ...]]:
+    """Byte reads: the default plan and the best of run3; word reads: row blocks x K steps x loop form; packed float16
+    pairs, plain and with x prescaled (WORDS 2 and 3). half_only: the default plan and the packed float16 pairs without
+    the pipelined loop (no batch-1 shape chose word reads or the pipeline since run9)."""
     base = (*default, 4, 0, 0)
+    if half_only:
+        found = {base}
+        for block_n, block_kb, warps, words in itertools.product((32, 64, 128, 256), (32, 64), (2, 4, 8), (2, 3)):
+            if block_kb <= k_bytes and block_n * block_kb // (32 * warps) >= 8:  # at least 8 bytes per thread
+                split = 1
+                while -(-rows // block_n) * split < 2 * 132 and split * 2 <= k_bytes // block_kb:
+                    split *= 2
+                found.add((default[0], block_n, block_kb, split, warps, 0, words))
+        return sorted(found)
     found = {base, (default[0], 8, min(512, k_bytes), 1, 4, 0, 0)}
     for block_n, block_kb, loop in itertools.product((4, 8, 16), (128, 256, 512), (0, 3)):
         if block_kb <= k_bytes and 1024 <= block_n * block_kb <= 8192:
@@ -60,12 +72,12 @@ def candidates(default: tuple[int, ...], rows: int, k_bytes: int) -> list[tuple[
             while -(-rows // block_n) * split < 2 * 132 and split * 2 <= k_bytes // block_kb:
                 split *= 2
             found.add((default[0], block_n, block_kb, split, 4, loop, 1))
-    for block_n, block_kb, loop, warps in itertools.product((64, 128, 256), (32, 64), (0, 3), (4, 8)):  # packed float16 pairs
+    for block_n, block_kb, loop, warps, words in itertools.product((64, 128, 256), (32, 64), (0, 3), (4, 8), (2, 3)):  # packed float16 pairs
         if block_kb <= k_bytes and block_n * block_kb // (32 * warps) >= 16:  # at least 16 bytes per thread
             split = 1
             while -(-rows // block_n) * split < 2 * 132 and split * 2 <= k_bytes // block_kb:
                 split *= 2
-            found.add((default[0], block_n, block_kb, split, warps, loop, 2))
+            found.add((default[0], block_n, block_kb, split, warps, loop, words))
     return sorted(found)
 
 
@@ -91,13 +103,15 @@ def gemm_seconds(x, weights, out) -> float:
     return graph_seconds(step) / CALLS
 
 
-def main(path: str, tokens_measured: tuple[int, ...] = TOKENS) -> None:
+def main(path: str, tokens_measured: tuple[int, ...] = TOKENS, half_only: bool = False) -> None:
     from reference_engine.kernels.nvfp4_gemm import w4a16_gemm
 
     torch.manual_seed(0)
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     records = []
     for name, (rows, cols) in SHAPES.items():
+        if half_only and name == "lm head (nvfp4)":  # the engine's default LM head is bfloat16
+            continue
         weight = torch.randn(rows, cols, device="cuda") * cols**-0.5
         packed, scale, scale_2 = quantize_nvfp4(weight)
         del weight
@@ -109,7 +123,7 @@ def main(path: str, tokens_measured: tuple[int, ...] = TOKENS) -> None:
             torch_linear(x, packed, scale, scale_2, out=expected)
             moved = nbytes + x.numel() * 2 + tokens * rows * 2
             default = nvfp4_gemv.plan(tokens, rows, cols // 2, sm)
-            configs = candidates(default, rows, cols // 2) if tokens == 1 else [(*default, 4, 0, 0), (*default, 4, 0, 1)]
+            configs = candidates(default, rows, cols // 2, half_only) if tokens == 1 else [(*default, 4, 0, 0), (*default, 4, 0, 1)]
             for config in configs:
                 out = torch.full_like(expected, float("nan"))
                 error, seconds = timed(x, weights, out, expected, config)
@@ -134,7 +148,7 @@ def main(path: str, tokens_measured: tuple[int, ...] = TOKENS) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--batch-one"):
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in ("--batch-one", "--batch-one-half")):
         print(__doc__)
         raise SystemExit(2)
-    main(sys.argv[1], (1,) if len(sys.argv) == 3 else TOKENS)
+    main(sys.argv[1], (1,) if len(sys.argv) == 3 else TOKENS, half_only=sys.argv[-1] == "--batch-one-half")

@@ -1,12 +1,13 @@
 """Time the fused MoE decode block (router GEMV, router top-k + shared slot, gate/up, down) at the real shape.
 
-    PYTHONPATH=. python3 benchmarks/kernels/time_moe_decode.py results.json
+    PYTHONPATH=. python3 benchmarks/kernels/time_moe_decode.py results.json [--blocks-only]
 
 E=256 experts, H=2048, I=512, top-8 plus the shared expert, NVFP4 weights. Four copies of a layer's
 experts (about 1.6 GB, far over the 60 MB L2) alternate inside a CUDA graph of 8 calls, so each call
 streams its weights from HBM as in a real step. For each tile / loop setting of
 `reference_engine.kernels.moe_decode` and batch 1, 8, 32: output checked against the torch op, then
-microseconds per call (graph time / calls) and the bytes of the experts it touched over that time.
+microseconds per call (graph time / calls) and the bytes of the experts it touched over that time. Then (not
+with --blocks-only) the routed experts alone, per-pair decode kernels against the grouped tensor-core kernels.
 No speed is asserted.
 """
 
@@ -25,13 +26,14 @@ from reference_engine.ops import static_moe
 from reference_engine.quant.nvfp4 import quantize_nvfp4
 
 E, H, I, TOP_K, COPIES, CALLS = 256, 2048, 512, 8, 4, 8
-SETTINGS = [  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS); run3 chose the first
-    (3, 8, 256, 8, 256, 0), (3, 8, 256, 8, 256, 1), (0, 8, 256, 8, 256, 1), (1, 8, 256, 8, 256, 1),
-    (3, 16, 256, 16, 256, 1), (3, 4, 512, 4, 256, 1), (3, 16, 128, 16, 128, 1), (3, 8, 512, 8, 256, 1),
-    # packed float16 pairs (WORDS 2): more rows per program so each thread's x pairs serve several rows
-    (3, 8, 256, 8, 256, 2), (3, 16, 128, 16, 128, 2), (3, 32, 64, 32, 64, 2), (0, 32, 64, 32, 64, 2), (3, 64, 64, 32, 128, 2),
+SETTINGS = [  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS, DOWN_SPLIT)
+    # the committed batch-one and larger-batch settings (run9), then x prescaled (WORDS 3) and the down slots split over programs
+    (3, 8, 256, 8, 256, 2, 1), (3, 8, 256, 8, 256, 3, 1), (3, 8, 256, 8, 256, 3, 3), (3, 8, 256, 8, 256, 3, 9),
+    (3, 8, 256, 16, 256, 3, 9), (3, 4, 256, 8, 256, 3, 9), (3, 8, 256, 4, 256, 3, 9), (0, 8, 256, 8, 256, 3, 9),
+    (0, 32, 64, 32, 64, 2, 1), (0, 32, 64, 32, 64, 3, 1), (0, 32, 64, 32, 64, 3, 3), (3, 32, 64, 32, 64, 3, 1),
+    (0, 16, 128, 16, 128, 3, 1), (0, 64, 64, 64, 64, 3, 1),
 ]
-TOKENS = (1, 8, 32, 64)
+TOKENS = (1, 8, 32)  # from 64 tokens the block runs grouped by expert (`moe_grouped_decode.MIN_TOKENS`)
 
 
 def quantized(rows: int, cols: int, groups: int):
@@ -51,8 +53,10 @@ def layer():
     return experts, shared, router
 
 
-def main(path: str) -> None:
+def main(path: str, routed: bool = True) -> None:
     torch.manual_seed(0)
+    moe_decode.BATCH_ONE = None  # every setting at every batch, one token included
+    moe_decode.moe_grouped_decode.MIN_TOKENS = None
     layers = [layer() for _ in range(COPIES)]
     records = []
     for tokens in TOKENS:
@@ -61,7 +65,7 @@ def main(path: str) -> None:
         expected = torch.empty_like(outs[0])
         static_moe.moe_block_decode(xs[0], layers[0][2], layers[0][0], layers[0][1], TOP_K, out=expected)
         for setting in SETTINGS:
-            moe_decode.LOOP, moe_decode.GATE_UP_BLOCK_N, moe_decode.GATE_UP_BLOCK_K, moe_decode.DOWN_BLOCK_H, moe_decode.DOWN_BLOCK_I, moe_decode.WORDS = setting
+            moe_decode.LOOP, moe_decode.GATE_UP_BLOCK_N, moe_decode.GATE_UP_BLOCK_K, moe_decode.DOWN_BLOCK_H, moe_decode.DOWN_BLOCK_I, moe_decode.WORDS, moe_decode.DOWN_SPLIT = setting
             try:
                 check = torch.full_like(expected, float("nan"))
                 moe_decode.moe_block_decode(xs[0], layers[0][2], layers[0][0], layers[0][1], TOP_K, out=check)
@@ -83,14 +87,16 @@ def main(path: str) -> None:
             print(f"T={tokens:2d} loop/tiles {setting}: {us:7.1f} us, error {error:.1e}, {0 if math.isnan(us) else moved / (us * 1e-6) / 1e12:.2f} TB/s")
         with open(path, "w") as handle:
             json.dump(records, handle, indent=1)
-    routed_only(layers, records, path)
+    if routed:
+        routed_only(layers, records, path)
 
 
 def routed_only(layers, records: list, path: str) -> None:
     """Routed experts alone at batch 8, 32, 64: the decode kernels (word reads) vs the grouped tensor-core prefill kernels."""
     from reference_engine.kernels.nvfp4_gemm import nvfp4_moe_prefill
 
-    moe_decode.LOOP, moe_decode.GATE_UP_BLOCK_N, moe_decode.GATE_UP_BLOCK_K, moe_decode.DOWN_BLOCK_H, moe_decode.DOWN_BLOCK_I, moe_decode.WORDS = SETTINGS[1]
+    moe_decode.LOOP, moe_decode.GATE_UP_BLOCK_N, moe_decode.GATE_UP_BLOCK_K, moe_decode.DOWN_BLOCK_H, moe_decode.DOWN_BLOCK_I, moe_decode.WORDS, moe_decode.DOWN_SPLIT = (
+        3, 8, 256, 8, 256, 1, 1)  # int32 word reads
     kernels = (("decode", moe_decode.nvfp4_routed_experts), ("grouped", nvfp4_moe_prefill))
     for tokens in TOKENS[1:]:
         xs = [torch.randn(tokens, H, device="cuda").bfloat16() for _ in range(COPIES)]
@@ -120,7 +126,7 @@ def routed_only(layers, records: list, path: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--blocks-only"):
         print(__doc__)
         raise SystemExit(2)
-    main(sys.argv[1])
+    main(sys.argv[1], routed=len(sys.argv) == 2)

@@ -42,7 +42,7 @@ def moe_setting(records: list[dict], batch_one: bool = False) -> dict | None:
     settings = {tuple(r["setting"]) for r in ok}
     complete = [s for s in settings if all(any(tuple(r["setting"]) == s and r["tokens"] == t for r in ok) for t in best_per_batch)]
     choice = min(complete, key=lambda s: sum(r["us"] / best_per_batch[r["tokens"]] for r in ok if tuple(r["setting"]) == s))
-    return dict(zip(("LOOP", "GATE_UP_BLOCK_N", "GATE_UP_BLOCK_K", "DOWN_BLOCK_H", "DOWN_BLOCK_I", "WORDS"), choice))
+    return dict(zip(("LOOP", "GATE_UP_BLOCK_N", "GATE_UP_BLOCK_K", "DOWN_BLOCK_H", "DOWN_BLOCK_I", "WORDS", "DOWN_SPLIT"), choice))
 
 
 def _summed(records: list[dict], tokens: int, keep) -> float:

@@ -40,6 +40,7 @@ from reference_engine.kernels.launch import (
     interpreting,
     require_launchable,
     staging_buffer,
+    ticket_counters,
 )
 from reference_engine.kernels.nvfp4_gemv import _decode_e2m1, _e2m1_word_pair
 from reference_engine.kernels.nvfp4_half_dot import _half_rows_dot
@@ -99,9 +100,10 @@ def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, B
     split per byte; 1 / 2: `packed_ptr` is the int32 view of the codes, two codes decoded per shift and
     mask (`nvfp4_gemv._e2m1_word_pair`; 2 in PTX on the GPU, 1 the integer form for the interpreter); 3 / 4:
     `packed_ptr` is the int64 view (one scale block each) and `x_ptr` an int32 view of bfloat16 x, products in
-    packed float16 pairs (`nvfp4_half_dot`; 3 in PTX, 4 the interpreter form)."""
+    packed float16 pairs (`nvfp4_half_dot`; 3 in PTX, 4 the interpreter form); 5 / 6: the same with x prescaled
+    per scale block (`nvfp4_half_dot` PRESCALE; 5 in PTX, 6 the interpreter form)."""
     if DECODE >= 3:
-        part = _half_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES // 8, byte0 // 8, BN, BLOCK_KB // 8, DECODE == 3)
+        part = _half_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES // 8, byte0 // 8, BN, BLOCK_KB // 8, DECODE == 3 or DECODE == 5, DECODE >= 5)
         return tl.sum(part, axis=1) * (1.0 / 1024.0)  # the half path's codes are E2M1 * 2^-4; callers scale E2M1 * 2^-14
     if DECODE > 0:
         return _nvfp4_rows_dot_words(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES // 4, byte0 // 4, BN, BLOCK_KB // 4, DECODE == 2)
@@ -211,36 +213,69 @@ def _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, pai
 
 
 @triton.jit
+def _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, pair, rows, row_ok, H: tl.constexpr, I: tl.constexpr,
+                 BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr, DECODE: tl.constexpr):
+    """sigmoid(gate logit) * (shared down rows @ act) [BH] float32 for the shared expert's slot `pair`."""
+    if DECODE >= 3:
+        act_row = act_ptr + pair.to(tl.int64) * (I // 2)
+    else:
+        act_row = act_ptr + pair.to(tl.int64) * I
+    partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for byte0 in range(0, I // 2, BLOCK_I):
+        partial += _nvfp4_rows_dot(shared_w_ptr, shared_scale_ptr, rows.to(tl.int64), row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I, DECODE)
+    return tl.load(weights_ptr + pair) * (partial * (tl.load(shared_scale_2_ptr) * 16384.0))
+
+
+@triton.jit
 def _down_kernel(
     act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, out_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
     shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
+    SPLIT: tl.constexpr = 1, workspace_ptr=None, counter_ptr=None,
 ):
+    """Grid (T, cdiv(H, BLOCK_H)[, SPLIT]). With SPLIT > 1 the token's slots are dealt over SPLIT programs (slot j
+    to part j % SPLIT, the shared slot counting as slot TOP_K); each stores its float32 sum over its slots, in slot
+    order, in `workspace [SPLIT, T, H]` and takes a ticket from `counter_ptr [T * cdiv(H, BLOCK_H)]` (zero between
+    calls); the program drawing the last ticket adds the parts in part order, writes `out` and resets the counter.
+    The sum's order is fixed, so the result does not depend on which program finishes last."""
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K
     token = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_ok = rows < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    if LOOP == 1:  # unrolled over the experts: their loads may all be in flight
+    if SPLIT > 1:
+        part = tl.program_id(2)
         for j in tl.static_range(TOP_K):
-            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
-    elif LOOP > 1:  # pipelined over the experts
-        for j in tl.range(TOP_K, num_stages=LOOP):
-            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
+            if j % SPLIT == part:  # uniform per program
+                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
+        if SHARED:  # noqa: SIM102 - constexpr outer test, runtime inner one
+            if TOP_K % SPLIT == part:
+                acc += _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, token * SLOTS + TOP_K, rows, row_ok, H, I,
+                                    BLOCK_H, BLOCK_I, DECODE)  # fmt: skip
+        T = tl.num_programs(0)
+        tl.store(workspace_ptr + (part * T + token).to(tl.int64) * H + rows, acc, mask=row_ok)
+        tl.debug_barrier()  # every thread's part is stored before the ticket is taken (release, GPU scope)
+        counter = counter_ptr + token * tl.num_programs(1) + tl.program_id(1)
+        ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:  # the last part of this row block: all parts are visible (acquire)
+            total = tl.zeros((BLOCK_H,), dtype=tl.float32)
+            for other in range(SPLIT):
+                total += tl.load(workspace_ptr + (other * T + token).to(tl.int64) * H + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + token.to(tl.int64) * H + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
+            tl.store(counter, 0)
     else:
-        for j in range(TOP_K):
-            acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
-    if SHARED:  # the last slot: the shared expert, weight = sigmoid(its gate logit)
-        pair = token * SLOTS + TOP_K
-        if DECODE >= 3:
-            act_row = act_ptr + pair.to(tl.int64) * (I // 2)
+        if LOOP == 1:  # unrolled over the experts: their loads may all be in flight
+            for j in tl.static_range(TOP_K):
+                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
+        elif LOOP > 1:  # pipelined over the experts
+            for j in tl.range(TOP_K, num_stages=LOOP):
+                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
         else:
-            act_row = act_ptr + pair.to(tl.int64) * I
-        partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
-        for byte0 in range(0, I // 2, BLOCK_I):
-            partial += _nvfp4_rows_dot(shared_w_ptr, shared_scale_ptr, rows.to(tl.int64), row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I, DECODE)
-        acc += tl.load(weights_ptr + pair) * (partial * (tl.load(shared_scale_2_ptr) * 16384.0))
-    tl.store(out_ptr + token.to(tl.int64) * H + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
+            for j in range(TOP_K):
+                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
+        if SHARED:  # the last slot: the shared expert, weight = sigmoid(its gate logit)
+            acc += _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, token * SLOTS + TOP_K, rows, row_ok, H, I, BLOCK_H, BLOCK_I, DECODE)
+        tl.store(out_ptr + token.to(tl.int64) * H + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
 # Tiles and loop form (benchmarks/kernels/time_moe_decode.py compares settings on the GPU):
@@ -248,15 +283,16 @@ LOOP = 0  # loops over K (gate/up) and over the experts (down): 0 plain, 1 unrol
 GATE_UP_BLOCK_N, GATE_UP_BLOCK_K = 16, 128  # rows of gate (and of up) per program, packed bytes per K step
 DOWN_BLOCK_H, DOWN_BLOCK_I = 16, 128  # output rows per program, packed bytes per K step
 WORDS = 0  # NVFP4 weight reads: 0 bytes, 1 int32 words with two codes decoded per shift and mask (`_nvfp4_rows_dot_words`),
-# 2 (bfloat16 x; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`)
-BATCH_ONE: tuple[int, int, int, int, int, int] | None = None  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS) for one token
+# 2 (bfloat16 x; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`), 3 the same with x prescaled
+DOWN_SPLIT = 1  # programs a token's down slots are dealt over (ticket-ordered sum; run21: 256 programs at batch 1 filled 11% of the GPU)
+BATCH_ONE: tuple[int, ...] | None = None  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS[, DOWN_SPLIT]) for one token
 
 
-def _settings(num_tokens: int) -> tuple[int, int, int, int, int, int]:
-    """The loop form, tiles and weight reads for this many tokens: `BATCH_ONE` for one token when set, else the module's."""
+def _settings(num_tokens: int) -> tuple[int, int, int, int, int, int, int]:
+    """The loop form, tiles, weight reads and down split for this many tokens: `BATCH_ONE` for one token when set, else the module's."""
     if num_tokens == 1 and BATCH_ONE is not None:
-        return BATCH_ONE
-    return LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS
+        return (*BATCH_ONE, 1)[:7]
+    return LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS, DOWN_SPLIT
 
 
 def _launch(
@@ -269,11 +305,11 @@ def _launch(
     top_k = slots - 1 if shared is not None else slots
     if num_tokens == 0:
         return
-    loop, gate_up_block_n, gate_up_block_k, down_block_h, down_block_i, words = _settings(num_tokens)
+    loop, gate_up_block_n, gate_up_block_k, down_block_h, down_block_i, words, down_split = _settings(num_tokens)
     decode = 0
-    half = nvfp4 and words == 2 and x.dtype == torch.bfloat16
+    half = nvfp4 and words >= 2 and x.dtype == torch.bfloat16
     if half:  # int64 views of the codes (one scale block each), int32 views of x and of the activation
-        decode = 4 if interpreting() else 3
+        decode = (4 if interpreting() else 3) + (2 if words == 3 else 0)
         gate_up, down = gate_up.view(torch.int64), down.view(torch.int64)
         if shared is not None:
             shared = SharedNvfp4Expert(*(t.view(torch.int64) if t.dtype == torch.uint8 else t for t in vars(shared).values()))
@@ -307,7 +343,12 @@ def _launch(
     block_i = min(down_block_i, triton.next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
     buffer = staging_buffer(out)
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
-    _down_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+    row_blocks = triton.cdiv(hidden, block_h)
+    split = max(1, min(down_split, slots))
+    if split > 1:
+        down_shared |= {"SPLIT": split, "workspace_ptr": torch.empty(split, num_tokens, hidden, dtype=torch.float32, device=x.device),
+                        "counter_ptr": ticket_counters(x.device, num_tokens * row_blocks)}  # fmt: skip
+    _down_kernel[(num_tokens, row_blocks, split)](
         act, ids, topk_weights.contiguous(), down, down_scale, down_scale_2, target, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i, LOOP=loop, DECODE=decode,
         **down_shared,

@@ -12,7 +12,8 @@ float32. Products and sums run in float32; the result is written in x's dtype. S
 sums go to a float32 workspace reduced by a second tiny kernel (deterministic, no atomics).
 For M > 64 (prefill) the wrappers call the tensor-core GEMM of `nvfp4_gemm.w4a16_gemm`.
 With `WORDS` 2 a single bfloat16 token runs `nvfp4_half_dot._w4a16_gemv_half_kernel` instead (products in
-packed float16 pairs; its split-K is summed inside the kernel by the last program of a row block).
+packed float16 pairs; its split-K is summed inside the kernel by the last program of a row block); `WORDS` 3
+is the same kernel with x prescaled per scale block (`nvfp4_half_dot.PRESCALE`: one instruction fewer per pair).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ _SM_COUNT_DEFAULT = 132
 TUNED: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (tokens, rows, k_bytes) -> measured config (kernels/tuning.py)
 LOOP = 0  # the K loop: 0 plain, 1 unrolled (tl.static_range), n >= 2 pipelined n stages (tl.range); benchmarks/kernels/ compares
 WORDS = 0  # weight reads: 0 bytes (nibbles split per byte), 1 int32 words (two codes decoded per shift-and-mask; `_e2m1_word_pair`),
-# 2 (one bfloat16 token; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`)
+# 2 (one bfloat16 token; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`), 3 the same with x prescaled
 GEMM_MIN_TOKENS = MAX_GEMV_TOKENS + 1  # from this many tokens the tensor-core GEMM runs instead of the GEMV (tuning may lower it)
 
 
@@ -241,8 +242,8 @@ def launch_w4a16_gemv(
         block_m, block_n, block_kb, split_k, num_warps, *rest = config
         loop = int(rest[0]) if rest else LOOP
         words = int(rest[1]) if len(rest) > 1 else WORDS
-    if words == 2 and _half_path_ok(x2d, weight_packed, block_kb):
-        _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n, block_kb // 8, split_k, num_warps, loop)
+    if words in (2, 3) and _half_path_ok(x2d, weight_packed, block_kb):  # 3: x prescaled, no float16 multiply per decoded pair
+        _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n, block_kb // 8, split_k, num_warps, loop, prescale=words == 3)
         return
     words = min(words, 1)
     codes = weight_packed
@@ -277,7 +278,8 @@ def _half_path_ok(x2d: torch.Tensor, weight_packed: torch.Tensor, block_kb: int)
     )  # fmt: skip
 
 
-def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n: int, block_b: int, split_k: int, num_warps: int, loop: int) -> None:
+def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n: int, block_b: int, split_k: int, num_warps: int, loop: int,
+                 prescale: bool = False) -> None:
     from reference_engine.kernels.nvfp4_half_dot import _w4a16_gemv_half_kernel
 
     rows, k_blocks = weight_packed.shape[0], weight_packed.shape[1] // 8
@@ -292,7 +294,7 @@ def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_
     _w4a16_gemv_half_kernel[(row_blocks, split_k)](
         x2d.view(torch.int32), weight_packed.view(torch.int64), weight_scale, scale_2, out2d, workspace, counters, rows, k_blocks,
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_N=block_n, BLOCK_B=block_b, ROW_SCALES=row_scales, LOOP=loop,
-        ASM=not interpreting(), num_warps=num_warps,
+        ASM=not interpreting(), PRESCALE=prescale, num_warps=num_warps,
     )
 
 

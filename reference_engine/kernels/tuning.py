@@ -11,7 +11,9 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
      "small_m_gemm": [{"block_m": 32, "rows": 2048, "k": 4096, "config": [64, 4, 16]}, ...],
      "moe_grouped_decode": {"min_tokens": 16, "gate_up_block_n": 32, ...the other GroupedPlan fields}}
 
-GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1). `gemv_words` sets the word reads
+GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1, 3 for the
+same with x prescaled). The MoE settings' `WORDS` 3 is the prescaled form too, `DOWN_SPLIT` the programs a token's down
+slots are dealt over; `gdn_step_split` the programs per split GDN decode head. `gemv_words` sets the word reads
 for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
@@ -54,7 +56,8 @@ class MoeSettings(BaseModel):
     GATE_UP_BLOCK_K: int = Field(ge=16, le=2048)
     DOWN_BLOCK_H: int = Field(ge=1, le=128)
     DOWN_BLOCK_I: int = Field(ge=16, le=2048)
-    WORDS: int = Field(default=0, ge=0, le=2)
+    WORDS: int = Field(default=0, ge=0, le=3)
+    DOWN_SPLIT: int = Field(default=1, ge=1, le=16)
 
 
 class SmallGemmEntry(BaseModel):
@@ -88,9 +91,10 @@ class TuningFile(BaseModel):
     nvfp4_gemv: list[GemvEntry] = []
     moe_decode: MoeSettings | None = None
     moe_decode_batch_one: MoeSettings | None = None  # one token (the tiles that fill the GPU at batch 1 differ)
-    gemv_words: int | None = Field(default=None, ge=0, le=2)
+    gemv_words: int | None = Field(default=None, ge=0, le=3)
     gemm_min_tokens: int | None = Field(default=None, ge=2, le=65)
     gdn_step_split_below: int | None = Field(default=None, ge=0)  # split GDN decode heads below this many (row, head) pairs (0: never)
+    gdn_step_split: int | None = Field(default=None, ge=2, le=32)  # programs per split head
     fused_router_max_tokens: int | None = Field(default=None, ge=0)  # router logits + top-k in one launch up to this batch (0: never)
     dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
     gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
@@ -123,7 +127,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
         nvfp4_gemv.TUNED[(entry.tokens, entry.rows, entry.k_bytes)] = entry.config
     if tuning.gemv_words is not None:
         nvfp4_gemv.WORDS = tuning.gemv_words
-    for value, module, name in ((tuning.gdn_step_split_below, gdn_decode_step, "STEP_SPLIT_BELOW"), (tuning.fused_router_max_tokens, router, "FUSED_ROUTER_MAX_TOKENS"),
+    for value, module, name in ((tuning.gdn_step_split_below, gdn_decode_step, "STEP_SPLIT_BELOW"), (tuning.gdn_step_split, gdn_decode_step, "STEP_SPLIT"),
+                                (tuning.fused_router_max_tokens, router, "FUSED_ROUTER_MAX_TOKENS"),
                                 (tuning.dense_gemv_max_tokens, dense_gemv, "MAX_TOKENS")):  # fmt: skip
         if value is not None:
             setattr(module, name, value)
