@@ -23,6 +23,7 @@ from reference_engine.kernels import (
     gdn_decode_step,
     moe_decode,
     norms,
+    nvfp4_dequant,
     nvfp4_gemv,
     nvfp4_half_dot,
     paged_decode,
@@ -45,7 +46,9 @@ def configs():
     half_sig = {"x32_ptr": "*i32", "blocks_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16", "workspace_ptr": "*fp32", "counter_ptr": "*i32", "N": I32, "K_BLOCKS": I32}
     for block_n, block_b, split, loop in ((128, 4, 1, 0), (256, 8, 2, 3), (64, 4, 4, 3)):
         yield f"w4a16 half N-block={block_n} blocks={block_b} split={split} loop={loop}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig, {"STEPS_PER_SPLIT": 4, "SPLIT_K": split, "BLOCK_N": block_n, "BLOCK_B": block_b, "ROW_SCALES": split == 1, "LOOP": loop, "ASM": True}
-        yield f"w4a16 half prescaled N-block={block_n} blocks={block_b} split={split}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig, {"STEPS_PER_SPLIT": 4, "SPLIT_K": split, "BLOCK_N": block_n, "BLOCK_B": block_b, "ROW_SCALES": split == 1, "LOOP": loop, "ASM": True, "PRESCALE": True}
+    for row_scales in (False, True):
+        yield f"nvfp4 dequant row_scales={row_scales}", nvfp4_dequant._dequant_kernel, {"packed_ptr": "*u8", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16", "N": I32, "K_BYTES": I32}, {
+            "ROW_SCALES": row_scales, "BLOCK_N": nvfp4_dequant.BLOCK_N, "BLOCK_KB": nvfp4_dequant.BLOCK_KB}
     yield "split-k reduce", nvfp4_gemv._split_k_reduce_kernel, {"workspace_ptr": "*fp32", "out_ptr": "*bf16", "M": I32, "N": I32, "stride_om": I32}, {"SPLIT_K": 4, "BLOCK": 256}
     for (nvfp4, weight, scale, scale_2), loop in itertools.product(((True, "*u8", "*fp8e4nv", "*fp32"), (False, "*bf16", "*bf16", "*bf16")), (0, 1, 3)):
         unshared = {"SHARED": False, "LOOP": loop, "DECODE": 0, "shared_w_ptr": None, "shared_scale_ptr": None, "shared_scale_2_ptr": None}
@@ -60,11 +63,9 @@ def configs():
         yield f"moe down half rows={block}", moe_decode._down_kernel, {"act_ptr": "*i32", "ids_ptr": "*i32", "weights_ptr": "*fp32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": block, "BLOCK_I": 64} | half_unshared
     shared_sig = {"shared_w_ptr": "*i64", "shared_scale_ptr": "*fp8e4nv", "shared_scale_2_ptr": "*fp32"}
     down_sig = {"act_ptr": "*i32", "ids_ptr": "*i32", "weights_ptr": "*fp32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16"}
-    for split, decode in ((9, 5), (3, 3)):  # the down slots dealt over programs, ticket-ordered sum; x prescaled (DECODE 5)
+    for split, decode in ((9, 3), (3, 2)):  # the down slots dealt over programs, ticket-ordered sum
         yield f"moe down half split={split} decode={decode}", moe_decode._down_kernel, down_sig | shared_sig | {"workspace_ptr": "*fp32", "counter_ptr": "*i32"}, {
             "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": 8, "BLOCK_I": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "SPLIT": split}
-    yield "moe gate_up half prescaled shared", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16"} | shared_sig, {
-        "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 8, "BLOCK_K": 256, "SHARED": True, "LOOP": 3, "DECODE": 5}
     yield "moe gate_up half shared", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16", "shared_w_ptr": "*i64", "shared_scale_ptr": "*fp8e4nv", "shared_scale_2_ptr": "*fp32"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 32, "BLOCK_K": 64, "SHARED": True, "LOOP": 3, "DECODE": 3}
     yield "dense gemv", dense_gemv._dense_gemv_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "N": I32, "stride_xm": I32, "stride_om": I32}, {"K": 2048, "TOKENS": 1, "BLOCK_N": 2, "BLOCK_K": 2048}
     yield "router logits + top-k", router._router_gemv_topk_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "counter_ptr": "*i32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32}, {"H": 2048, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "BLOCK_R": 4, "BLOCK_H": 512, "ROW_BLOCKS": 65}

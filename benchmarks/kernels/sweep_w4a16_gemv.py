@@ -3,14 +3,14 @@
     PYTHONPATH=. python3 benchmarks/kernels/sweep_w4a16_gemv.py results.json [--batch-one | --batch-one-half]
 
 Each configuration (BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K, num_warps, K loop: 0 plain, 1 unrolled, 3 pipelined in 3 stages,
-weight reads: 0 bytes, 1 int32 words, 2 int64 scale blocks in packed float16 pairs, 3 the same with x prescaled) is timed as a CUDA graph of
+weight reads: 0 bytes, 1 int32 words, 2 int64 scale blocks in packed float16 pairs) is timed as a CUDA graph of
 `CALLS` back-to-back calls, each on its own copy of the weights (copies together > 2x the 60 MB L2,
 so every call streams its weights from HBM as in a real step, where each layer has its own). The
 figure is graph time / CALLS: the in-graph cost of one call, launch gaps included. Bytes: packed
 weights + block scales + x + out. Each configuration's output is checked against the torch op
 (relative Frobenius error) before it is timed. Prints the best configurations per shape and the
 default `plan`'s, and writes every record as JSON. `--batch-one-half`: batch 1 only, the packed float16 pairs
-only (plain and prescaled, 2 to 8 warps, down to 8 bytes per thread), no LM head. At batch 8, 32 and 64 it times the default GEMV (both
+only (2 to 8 warps, down to 8 bytes per thread), no LM head. At batch 8, 32 and 64 it times the default GEMV (both
 weight reads) against the tensor-core GEMM of `kernels/nvfp4_gemm.py` (`write_tuning.py` picks the crossover). No speed is asserted.
 """
 
@@ -53,17 +53,17 @@ def time_config(x, weights, out, config) -> float:
 
 def candidates(default: tuple[int, ...], rows: int, k_bytes: int, half_only: bool = False) -> list[tuple[int, ...]]:
     """Byte reads: the default plan and the best of run3; word reads: row blocks x K steps x loop form; packed float16
-    pairs, plain and with x prescaled (WORDS 2 and 3). half_only: the default plan and the packed float16 pairs without
-    the pipelined loop (no batch-1 shape chose word reads or the pipeline since run9)."""
+    pairs (WORDS 2). half_only: the default plan and the packed float16 pairs without the pipelined loop, 2 to 8 warps
+    (no batch-1 shape chose word reads or the pipeline since run9)."""
     base = (*default, 4, 0, 0)
     if half_only:
         found = {base}
-        for block_n, block_kb, warps, words in itertools.product((32, 64, 128, 256), (32, 64), (2, 4, 8), (2, 3)):
+        for block_n, block_kb, warps in itertools.product((32, 64, 128, 256), (32, 64), (2, 4, 8)):
             if block_kb <= k_bytes and block_n * block_kb // (32 * warps) >= 8:  # at least 8 bytes per thread
                 split = 1
                 while -(-rows // block_n) * split < 2 * 132 and split * 2 <= k_bytes // block_kb:
                     split *= 2
-                found.add((default[0], block_n, block_kb, split, warps, 0, words))
+                found.add((default[0], block_n, block_kb, split, warps, 0, 2))
         return sorted(found)
     found = {base, (default[0], 8, min(512, k_bytes), 1, 4, 0, 0)}
     for block_n, block_kb, loop in itertools.product((4, 8, 16), (128, 256, 512), (0, 3)):
@@ -72,12 +72,12 @@ def candidates(default: tuple[int, ...], rows: int, k_bytes: int, half_only: boo
             while -(-rows // block_n) * split < 2 * 132 and split * 2 <= k_bytes // block_kb:
                 split *= 2
             found.add((default[0], block_n, block_kb, split, 4, loop, 1))
-    for block_n, block_kb, loop, warps, words in itertools.product((64, 128, 256), (32, 64), (0, 3), (4, 8), (2, 3)):  # packed float16 pairs
+    for block_n, block_kb, loop, warps in itertools.product((64, 128, 256), (32, 64), (0, 3), (4, 8)):  # packed float16 pairs
         if block_kb <= k_bytes and block_n * block_kb // (32 * warps) >= 16:  # at least 16 bytes per thread
             split = 1
             while -(-rows // block_n) * split < 2 * 132 and split * 2 <= k_bytes // block_kb:
                 split *= 2
-            found.add((default[0], block_n, block_kb, split, warps, loop, words))
+            found.add((default[0], block_n, block_kb, split, warps, loop, 2))
     return sorted(found)
 
 

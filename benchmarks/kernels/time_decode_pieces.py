@@ -4,7 +4,8 @@
 
 - GDN decode step (Hk 16, Hv 32, Dk = Dv = 128) at batches 1, 8, 32, 64: each head's value columns over 4, 8 or
   16 programs (the last applies the norm) vs one program per head (`gdn_decode_step.STEP_SPLIT_BELOW`, and
-  `STEP_SPLIT` from batch 1's fastest split);
+  `STEP_SPLIT`: the count best summed over the batches that split; run22 picked 8 from batch 1 alone, 2% faster
+  there and 21% slower at batch 8);
 - MoE router (257 x 2048 bf16) at the same batches: logits and top-k in one launch vs cuBLAS logits + the
   top-k kernel (`router.FUSED_ROUTER_MAX_TOKENS`);
 - a GDN layer's in_proj_b/a (64 x 2048 bf16): the Triton dense GEMV vs torch.mm (`dense_gemv.MAX_TOKENS` 4 vs 0).
@@ -154,8 +155,9 @@ def main(path: str, tuning_path: str | None) -> None:
 
         split_upto = _prefix_max(split_wins)
         tuning["gdn_step_split_below"] = split_upto * 32 + 1 if split_upto else 0  # split while batch x Hv (32) is below this
-        if split_upto:
-            tuning["gdn_step_split"] = records["gdn_decode_step_us_batch_1"]["best_split"]  # batch 1 decides: the step's latency-bound case
+        if split_upto:  # one split count for every batch that splits: the least sum of (time / that batch's best split time)
+            gdns = [records[f"gdn_decode_step_us_batch_{n}"] for n in BATCHES if n <= split_upto]
+            tuning["gdn_step_split"] = min(SPLITS, key=lambda m: sum(g[f"split {m}"] / g["split"] for g in gdns))
         tuning["fused_router_max_tokens"] = _prefix_max(fused_wins)
         if "error" not in ba:
             tuning["dense_gemv_max_tokens"] = 4 if ba["triton"] < ba["torch"] and ba["rel_difference"] < 1e-2 else 0

@@ -27,11 +27,12 @@ from reference_engine.quant.nvfp4 import quantize_nvfp4
 
 E, H, I, TOP_K, COPIES, CALLS = 256, 2048, 512, 8, 4, 8
 SETTINGS = [  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS, DOWN_SPLIT)
-    # the committed batch-one and larger-batch settings (run9), then x prescaled (WORDS 3) and the down slots split over programs
-    (3, 8, 256, 8, 256, 2, 1), (3, 8, 256, 8, 256, 3, 1), (3, 8, 256, 8, 256, 3, 3), (3, 8, 256, 8, 256, 3, 9),
-    (3, 8, 256, 16, 256, 3, 9), (3, 4, 256, 8, 256, 3, 9), (3, 8, 256, 4, 256, 3, 9), (0, 8, 256, 8, 256, 3, 9),
-    (0, 32, 64, 32, 64, 2, 1), (0, 32, 64, 32, 64, 3, 1), (0, 32, 64, 32, 64, 3, 3), (3, 32, 64, 32, 64, 3, 1),
-    (0, 16, 128, 16, 128, 3, 1), (0, 64, 64, 64, 64, 3, 1),
+    # the committed batch-one setting (run9) and variations: down slots split over programs, pipeline depth, K step, rows
+    (3, 8, 256, 8, 256, 2, 1), (3, 8, 256, 8, 256, 2, 2), (3, 8, 256, 8, 256, 2, 3), (2, 8, 256, 8, 256, 2, 1),
+    (4, 8, 128, 8, 256, 2, 1), (3, 16, 256, 8, 256, 2, 1), (3, 8, 512, 8, 256, 2, 1), (1, 8, 256, 8, 256, 2, 1),
+    (3, 8, 256, 16, 128, 2, 3), (3, 4, 512, 8, 256, 2, 3),
+    # the committed larger-batch setting (run9) and its down split
+    (0, 32, 64, 32, 64, 2, 1), (0, 32, 64, 32, 64, 2, 3),
 ]
 TOKENS = (1, 8, 32)  # from 64 tokens the block runs grouped by expert (`moe_grouped_decode.MIN_TOKENS`)
 

@@ -10,10 +10,10 @@ bit), the sign to bit 15, which is the E2M1 value times 2^-14 (subnormal codes i
 2^14 is folded into the tensor scale. The E4M3 block scale is loaded as float8 and converted to
 float32. Products and sums run in float32; the result is written in x's dtype. Split-K partial
 sums go to a float32 workspace reduced by a second tiny kernel (deterministic, no atomics).
-For M > 64 (prefill) the wrappers call the tensor-core GEMM of `nvfp4_gemm.w4a16_gemm`.
+For M > 64 (prefill) the wrappers call the tensor-core GEMM of `nvfp4_gemm.w4a16_gemm`, or from
+`nvfp4_dequant.MIN_TOKENS` 16-bit tokens a bfloat16 copy of the weight and cuBLAS (`nvfp4_dequant.dequant_matmul`).
 With `WORDS` 2 a single bfloat16 token runs `nvfp4_half_dot._w4a16_gemv_half_kernel` instead (products in
-packed float16 pairs; its split-K is summed inside the kernel by the last program of a row block); `WORDS` 3
-is the same kernel with x prescaled per scale block (`nvfp4_half_dot.PRESCALE`: one instruction fewer per pair).
+packed float16 pairs; its split-K is summed inside the kernel by the last program of a row block).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ _SM_COUNT_DEFAULT = 132
 TUNED: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (tokens, rows, k_bytes) -> measured config (kernels/tuning.py)
 LOOP = 0  # the K loop: 0 plain, 1 unrolled (tl.static_range), n >= 2 pipelined n stages (tl.range); benchmarks/kernels/ compares
 WORDS = 0  # weight reads: 0 bytes (nibbles split per byte), 1 int32 words (two codes decoded per shift-and-mask; `_e2m1_word_pair`),
-# 2 (one bfloat16 token; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`), 3 the same with x prescaled
+# 2 (one bfloat16 token; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`)
 GEMM_MIN_TOKENS = MAX_GEMV_TOKENS + 1  # from this many tokens the tensor-core GEMM runs instead of the GEMV (tuning may lower it)
 
 
@@ -242,8 +242,8 @@ def launch_w4a16_gemv(
         block_m, block_n, block_kb, split_k, num_warps, *rest = config
         loop = int(rest[0]) if rest else LOOP
         words = int(rest[1]) if len(rest) > 1 else WORDS
-    if words in (2, 3) and _half_path_ok(x2d, weight_packed, block_kb):  # 3: x prescaled, no float16 multiply per decoded pair
-        _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n, block_kb // 8, split_k, num_warps, loop, prescale=words == 3)
+    if words == 2 and _half_path_ok(x2d, weight_packed, block_kb):
+        _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n, block_kb // 8, split_k, num_warps, loop)
         return
     words = min(words, 1)
     codes = weight_packed
@@ -278,8 +278,7 @@ def _half_path_ok(x2d: torch.Tensor, weight_packed: torch.Tensor, block_kb: int)
     )  # fmt: skip
 
 
-def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n: int, block_b: int, split_k: int, num_warps: int, loop: int,
-                 prescale: bool = False) -> None:
+def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n: int, block_b: int, split_k: int, num_warps: int, loop: int) -> None:
     from reference_engine.kernels.nvfp4_half_dot import _w4a16_gemv_half_kernel
 
     rows, k_blocks = weight_packed.shape[0], weight_packed.shape[1] // 8
@@ -294,7 +293,7 @@ def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_
     _w4a16_gemv_half_kernel[(row_blocks, split_k)](
         x2d.view(torch.int32), weight_packed.view(torch.int64), weight_scale, scale_2, out2d, workspace, counters, rows, k_blocks,
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_N=block_n, BLOCK_B=block_b, ROW_SCALES=row_scales, LOOP=loop,
-        ASM=not interpreting(), PRESCALE=prescale, num_warps=num_warps,
+        ASM=not interpreting(), num_warps=num_warps,
     )
 
 
@@ -303,10 +302,14 @@ def _apply(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Ten
     """Checked inputs -> the GEMV (up to 64 tokens) or the tensor-core GEMM (prefill); scale_2 one value or [N]."""
     x2d = x.reshape(-1, x.shape[-1])
     if x2d.shape[0] >= min(GEMM_MIN_TOKENS, MAX_GEMV_TOKENS + 1):  # prefill (and batches the tuning gives it): the tensor-core GEMM
+        from reference_engine.kernels import nvfp4_dequant
         from reference_engine.kernels.nvfp4_gemm import w4a16_gemm
 
         out2d = out.view(-1, out.shape[-1]) if out.is_contiguous() else torch.empty((x2d.shape[0], out.shape[-1]), dtype=out.dtype, device=out.device)
-        w4a16_gemm(x2d, weight_packed, weight_scale, scale_2, out2d)
+        if nvfp4_dequant.applies(x2d):  # long prefills: weights decoded once into bfloat16, then cuBLAS
+            nvfp4_dequant.dequant_matmul(x2d, weight_packed, weight_scale, scale_2, out2d)
+        else:
+            w4a16_gemm(x2d, weight_packed, weight_scale, scale_2, out2d)
         if not out.is_contiguous():
             out.copy_(out2d.view(out.shape))
         return out

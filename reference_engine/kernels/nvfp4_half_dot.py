@@ -15,14 +15,6 @@ read as one int64 and, in one piece of PTX per block:
 The x pairs are built once per K step from x read as int32 (two bfloat16 each), converted with
 `cvt.rn.f16x2.f32`, and shared by every row a thread holds.
 
-`PRESCALE` (the GEMV's and the MoE decode's `WORDS` 3) drops the `mul.rn.f16x2` by 2^10, one of the seven
-instructions per decoded pair (run21, Nsight Compute: the batch-1 GEMV and the batch-32 MoE kernels issue
-instructions on 41% and 75% of cycles, so they are partly instruction-bound). x is scaled instead, once per
-scale block and shared by every row a thread holds: x * 2^c in float16 with c = min(10, 14 - floor(log2 max|x|))
-over the block's 16 elements, so |x * 2^c| < 2^15; the block's sum is then multiplied by 2^(10 - c) with its
-block scale. For blocks with max|x| < 32, c = 10 and every product equals the unscaled path's bit for bit (both
-are an exact E2M1 * 2^-4 * x; x * 2^10 is exact in float16 where x is normal); larger blocks lose no range.
-
 Numerics: products and the 8-term sums run in float16 (11-bit significand, relative error about 2^-11
 per operation), block sums and everything after in float32. Activations must fit float16 (|x| < 65504;
 the 8-term sums overflow from |x| of about 2e4); the model's linears see normed activations far below
@@ -47,16 +39,14 @@ _PAIR_DECODE = (  # (shift placing the magnitudes at 9..11 and 25..27, shift pla
 )
 
 
-def _block_dot_asm(prescaled: bool = False) -> str:
+def _block_dot_asm() -> str:
     """PTX: $1 the int64 block (16 codes), $2..$9 the x pairs (float16x2) of pairs 0..3 of word 0 and of
-    word 1 -> $0 float32 sum of the 16 products (codes times 2^-4; `prescaled`: codes times 2^-14, x carries 2^10)."""
+    word 1 -> $0 float32 sum of the 16 products (codes times 2^-4)."""
     lines = ["{ .reg .b32 w0, w1, m, s, p, c, acc; .reg .b16 l, h;", "mov.b64 {w0, w1}, $1;", "mov.b32 c, 0x64006400;"]
     operand = 2
     for word in ("w0", "w1"):
         for mag, sign in _PAIR_DECODE:
-            lines += [mag.format(w=word), "and.b32 m, m, 0x0E000E00;", sign.format(w=word), "and.b32 s, s, 0x80008000;", "or.b32 p, m, s;"]
-            if not prescaled:
-                lines.append("mul.rn.f16x2 p, p, c;")
+            lines += [mag.format(w=word), "and.b32 m, m, 0x0E000E00;", sign.format(w=word), "and.b32 s, s, 0x80008000;", "or.b32 p, m, s;", "mul.rn.f16x2 p, p, c;"]
             lines.append(f"mul.rn.f16x2 acc, p, ${operand};" if operand == 2 else f"fma.rn.f16x2 acc, p, ${operand}, acc;")
             operand += 1
     lines += ["mov.b32 {l, h}, acc;", "add.rn.f16 l, l, h;", "cvt.f32.f16 $0, l; }"]
@@ -64,7 +54,6 @@ def _block_dot_asm(prescaled: bool = False) -> str:
 
 
 BLOCK_DOT_ASM = tl.constexpr(_block_dot_asm())
-BLOCK_DOT_PRESCALED_ASM = tl.constexpr(_block_dot_asm(prescaled=True))
 
 
 @triton.jit
@@ -92,46 +81,9 @@ def _bf16_high(words):
 
 
 @triton.jit
-def _abs_max8(x0, x1, x2, x3, x4, x5, x6, x7):
-    """max |x| over the 16 bfloat16 values held by eight int32 words, as float32: the high halves and the low
-    halves each through integer maxima of their magnitude bits (non-negative float bits order like values)."""
-    high = tl.maximum(tl.maximum(tl.maximum(x0 & 0x7FFF0000, x1 & 0x7FFF0000), tl.maximum(x2 & 0x7FFF0000, x3 & 0x7FFF0000)),
-                      tl.maximum(tl.maximum(x4 & 0x7FFF0000, x5 & 0x7FFF0000), tl.maximum(x6 & 0x7FFF0000, x7 & 0x7FFF0000)))
-    low = tl.maximum(tl.maximum(tl.maximum(x0 & 0x7FFF, x1 & 0x7FFF), tl.maximum(x2 & 0x7FFF, x3 & 0x7FFF)),
-                     tl.maximum(tl.maximum(x4 & 0x7FFF, x5 & 0x7FFF), tl.maximum(x6 & 0x7FFF, x7 & 0x7FFF)))
-    return tl.maximum(high, low << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _pairs_of_words(x0, x1, x2, x3, x4, x5, x6, x7, up, ASM: tl.constexpr, SCALED: tl.constexpr):
-    """The 8 float16x2 pairs of one scale block's eight int32 words (two bfloat16 each), times `up` when SCALED."""
-    if SCALED:
-        p0 = _half_pair(_bf16_low(x0) * up, _bf16_low(x2) * up, ASM)  # elements 0, 4
-        p1 = _half_pair(_bf16_high(x0) * up, _bf16_high(x2) * up, ASM)  # 1, 5
-        p2 = _half_pair(_bf16_low(x1) * up, _bf16_low(x3) * up, ASM)  # 2, 6
-        p3 = _half_pair(_bf16_high(x1) * up, _bf16_high(x3) * up, ASM)  # 3, 7
-        p4 = _half_pair(_bf16_low(x4) * up, _bf16_low(x6) * up, ASM)  # 8, 12
-        p5 = _half_pair(_bf16_high(x4) * up, _bf16_high(x6) * up, ASM)  # 9, 13
-        p6 = _half_pair(_bf16_low(x5) * up, _bf16_low(x7) * up, ASM)  # 10, 14
-        p7 = _half_pair(_bf16_high(x5) * up, _bf16_high(x7) * up, ASM)  # 11, 15
-    else:
-        p0 = _half_pair(_bf16_low(x0), _bf16_low(x2), ASM)
-        p1 = _half_pair(_bf16_high(x0), _bf16_high(x2), ASM)
-        p2 = _half_pair(_bf16_low(x1), _bf16_low(x3), ASM)
-        p3 = _half_pair(_bf16_high(x1), _bf16_high(x3), ASM)
-        p4 = _half_pair(_bf16_low(x4), _bf16_low(x6), ASM)
-        p5 = _half_pair(_bf16_high(x4), _bf16_high(x6), ASM)
-        p6 = _half_pair(_bf16_low(x5), _bf16_low(x7), ASM)
-        p7 = _half_pair(_bf16_high(x5), _bf16_high(x7), ASM)
-    return p0, p1, p2, p3, p4, p5, p6, p7
-
-
-@triton.jit
-def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr, PRESCALE: tl.constexpr = False):
+def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr):
     """x read as int32 (bfloat16 pairs), at scale blocks `blocks` [BB] (16 elements each) -> the 8 float16x2
-    pairs the block dot takes: word 0's (x[16b + j], x[16b + j + 4]) for j = 0..3, then word 1's (+8), and
-    the factor [BB] float32 each block's sum is multiplied by (1 without PRESCALE; with it x is scaled by
-    2^c per block, c = min(10, 14 - floor(log2 max|x|)), and the factor is 2^(10 - c))."""
+    pairs the block dot takes: word 0's (x[16b + j], x[16b + j + 4]) for j = 0..3, then word 1's (+8)."""
     base = x32_ptr + blocks * 8
     x0 = tl.load(base + 0, mask=ok, other=0)
     x1 = tl.load(base + 1, mask=ok, other=0)
@@ -141,41 +93,35 @@ def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr, PRESCALE: tl.constexpr
     x5 = tl.load(base + 5, mask=ok, other=0)
     x6 = tl.load(base + 6, mask=ok, other=0)
     x7 = tl.load(base + 7, mask=ok, other=0)
-    if PRESCALE:
-        exponent = (_abs_max8(x0, x1, x2, x3, x4, x5, x6, x7).to(tl.int32, bitcast=True) >> 23) - 127  # floor(log2 max|x|)
-        shift = tl.minimum(10, 14 - exponent)  # |x| * 2^shift < 2^15: float16 range with room for the 8-term sums
-        up = ((shift + 127) << 23).to(tl.float32, bitcast=True)  # 2^shift
-        restore = ((137 - shift) << 23).to(tl.float32, bitcast=True)  # 2^(10 - shift)
-    else:
-        up = tl.full(blocks.shape, 1.0, tl.float32)
-        restore = up
-    p0, p1, p2, p3, p4, p5, p6, p7 = _pairs_of_words(x0, x1, x2, x3, x4, x5, x6, x7, up, ASM, PRESCALE)
-    return p0, p1, p2, p3, p4, p5, p6, p7, restore
+    p0 = _half_pair(_bf16_low(x0), _bf16_low(x2), ASM)  # elements 0, 4
+    p1 = _half_pair(_bf16_high(x0), _bf16_high(x2), ASM)  # 1, 5
+    p2 = _half_pair(_bf16_low(x1), _bf16_low(x3), ASM)  # 2, 6
+    p3 = _half_pair(_bf16_high(x1), _bf16_high(x3), ASM)  # 3, 7
+    p4 = _half_pair(_bf16_low(x4), _bf16_low(x6), ASM)  # 8, 12
+    p5 = _half_pair(_bf16_high(x4), _bf16_high(x6), ASM)  # 9, 13
+    p6 = _half_pair(_bf16_low(x5), _bf16_low(x7), ASM)  # 10, 14
+    p7 = _half_pair(_bf16_high(x5), _bf16_high(x7), ASM)  # 11, 15
+    return p0, p1, p2, p3, p4, p5, p6, p7
 
 
 @triton.jit
-def _pair_products(word, J: tl.constexpr, pair, PRESCALE: tl.constexpr):
-    """Interpreter form of one packed multiply: decoded codes (J, J + 4) of `word` (times 2^10 unless the x pair
-    carries it: PRESCALE), times the float16x2 x pair, as float32 (lo product + hi product)."""
+def _pair_products(word, J: tl.constexpr, pair):
+    """Interpreter form of one packed multiply: decoded codes (J, J + 4) of `word` times 2^10, times the
+    float16x2 x pair, as float32 (lo product + hi product)."""
     lo, hi = _e2m1_word_pair(word, J, False)
     x_lo = (pair & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
     x_hi = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    if PRESCALE:
-        products = lo * x_lo + hi * x_hi
-    else:
-        products = lo * 1024.0 * x_lo + hi * 1024.0 * x_hi
-    return products
+    return lo * 1024.0 * x_lo + hi * 1024.0 * x_hi
 
 
 @triton.jit
-def _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PRESCALE: tl.constexpr = False):
+def _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr):
     """int64 scale blocks [BN, BB] (16 codes each, little-endian) and the x pairs [BB] -> float32 [BN, BB]:
-    each block's 16 products, codes taken as E2M1 * 2^-4 (times `BLOCK_SUM_SCALE` and the scales outside); with
-    PRESCALE the codes are E2M1 * 2^-14 and the pairs carry x * 2^10 (or less: `_x_half_pairs`)."""
+    each block's 16 products, codes taken as E2M1 * 2^-4 (times `BLOCK_SUM_SCALE` and the scales outside)."""
     shape: tl.constexpr = (BN, BB)
     if ASM:
         total = tl.inline_asm_elementwise(
-            BLOCK_DOT_PRESCALED_ASM if PRESCALE else BLOCK_DOT_ASM, "=f,l,r,r,r,r,r,r,r,r",
+            BLOCK_DOT_ASM, "=f,l,r,r,r,r,r,r,r,r",
             [block, tl.broadcast_to(p0[None, :], shape), tl.broadcast_to(p1[None, :], shape), tl.broadcast_to(p2[None, :], shape),
              tl.broadcast_to(p3[None, :], shape), tl.broadcast_to(p4[None, :], shape), tl.broadcast_to(p5[None, :], shape),
              tl.broadcast_to(p6[None, :], shape), tl.broadcast_to(p7[None, :], shape)],
@@ -184,16 +130,15 @@ def _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, BB: tl.c
     else:
         w0 = (block & 0xFFFFFFFF).to(tl.int32)
         w1 = (block >> 32).to(tl.int32)
-        total = _pair_products(w0, 0, p0[None, :], PRESCALE) + _pair_products(w0, 1, p1[None, :], PRESCALE)
-        total += _pair_products(w0, 2, p2[None, :], PRESCALE) + _pair_products(w0, 3, p3[None, :], PRESCALE)
-        total += _pair_products(w1, 0, p4[None, :], PRESCALE) + _pair_products(w1, 1, p5[None, :], PRESCALE)
-        total += _pair_products(w1, 2, p6[None, :], PRESCALE) + _pair_products(w1, 3, p7[None, :], PRESCALE)
+        total = _pair_products(w0, 0, p0[None, :]) + _pair_products(w0, 1, p1[None, :])
+        total += _pair_products(w0, 2, p2[None, :]) + _pair_products(w0, 3, p3[None, :])
+        total += _pair_products(w1, 0, p4[None, :]) + _pair_products(w1, 1, p5[None, :])
+        total += _pair_products(w1, 2, p6[None, :]) + _pair_products(w1, 3, p7[None, :])
     return total
 
 
 @triton.jit
-def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block0, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr,
-                   PRESCALE: tl.constexpr = False):
+def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block0, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr):
     """Scale blocks block0..block0+BB of rows `rows` [BN] (int64) against x: float32 [BN, BB], each block's
     sum times its block scale and 2^-4 (the caller sums, and multiplies by `BLOCK_SUM_SCALE` and the tensor scale)."""
     cols = block0 + tl.arange(0, BB)
@@ -202,17 +147,15 @@ def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block
     offsets = rows[:, None] * K_BLOCKS + cols[None, :]
     block = tl.load(blocks_ptr + offsets, mask=tile_ok, other=0)  # [BN, BB] int64
     scale = tl.load(scale_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)  # one E4M3 scale per block
-    p0, p1, p2, p3, p4, p5, p6, p7, restore = _x_half_pairs(x32_ptr, cols, ok, ASM, PRESCALE)
-    if PRESCALE:
-        scale = scale * restore[None, :]
-    return _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN, BB, ASM, PRESCALE) * scale
+    p0, p1, p2, p3, p4, p5, p6, p7 = _x_half_pairs(x32_ptr, cols, ok, ASM)
+    return _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN, BB, ASM) * scale
 
 
 @triton.jit
 def _w4a16_gemv_half_kernel(
     x32_ptr, blocks_ptr, scale_ptr, scale_2_ptr, out_ptr, workspace_ptr, counter_ptr, N, K_BLOCKS,
     STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr, PRESCALE: tl.constexpr = False,
+    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr,
 ):
     """One token: out[n] = sum_k x[k] W[n, k]. Grid (cdiv(N, BLOCK_N), SPLIT_K); BLOCK_B scale blocks
     (16 elements, 8 bytes) per row per step.
@@ -233,12 +176,10 @@ def _w4a16_gemv_half_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_B), dtype=tl.float32)  # summed over K once, after the loop
     if LOOP > 1:
         for step in tl.range(STEPS_PER_SPLIT, num_stages=LOOP):
-            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM,
-                                  PRESCALE)
+            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM)
     else:
         for step in range(STEPS_PER_SPLIT):
-            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM,
-                                  PRESCALE)
+            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM)
     acc = tl.sum(acc, axis=1) * scale_2
     if SPLIT_K == 1:
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)

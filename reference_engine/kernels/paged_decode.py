@@ -110,11 +110,15 @@ def _sm_count(device: torch.device) -> int:
     return _SM_COUNT_DEFAULT
 
 
+MIN_TOKENS_PER_SPLIT = 64  # a split walks at least this many tokens (chunks of 16 one after another); the tuning file may lower it
+WAVES = 2  # splits enough to fill the multiprocessors this many times over (fewer when MIN_TOKENS_PER_SPLIT binds)
+
+
 def plan(batch: int, kv_heads: int, capacity: int, sm_count: int) -> tuple[int, int, int]:
     """(BLOCK_T, TOKENS_PER_SPLIT, SPLITS) for a table of `capacity` tokens per sequence; no seq_lens needed."""
     block_t = 16
-    wanted = max(1, triton.cdiv(2 * sm_count, batch * kv_heads))  # splits per (sequence, KV head) to fill the GPU twice
-    tokens_per_split = max(4 * block_t, triton.next_power_of_2(triton.cdiv(capacity, wanted)))
+    wanted = max(1, triton.cdiv(WAVES * sm_count, batch * kv_heads))  # splits per (sequence, KV head)
+    tokens_per_split = max(MIN_TOKENS_PER_SPLIT, block_t, triton.next_power_of_2(triton.cdiv(capacity, wanted)))
     splits = triton.cdiv(capacity, tokens_per_split)
     return block_t, tokens_per_split, splits
 

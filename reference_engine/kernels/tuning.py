@@ -11,9 +11,9 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
      "small_m_gemm": [{"block_m": 32, "rows": 2048, "k": 4096, "config": [64, 4, 16]}, ...],
      "moe_grouped_decode": {"min_tokens": 16, "gate_up_block_n": 32, ...the other GroupedPlan fields}}
 
-GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1, 3 for the
-same with x prescaled). The MoE settings' `WORDS` 3 is the prescaled form too, `DOWN_SPLIT` the programs a token's down
-slots are dealt over; `gdn_step_split` the programs per split GDN decode head. `gemv_words` sets the word reads
+GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1). The MoE
+settings' `DOWN_SPLIT` is the programs a token's down slots are dealt over; `gdn_step_split` the programs per split GDN
+decode head. `gemv_words` sets the word reads
 for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
@@ -21,7 +21,10 @@ heads below this many rows x heads), the MoE router (one launch up to this batch
 `gemm_decode` picks the weight decode of the tensor-core GEMMs (prefill linears and experts, decode batches from
 `gemm_min_tokens`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`);
 `moe_grouped_decode` the batch from which the decode MoE block runs grouped by expert, and its tiles
-(`benchmarks/kernels/time_moe_grouped.py`).
+(`benchmarks/kernels/time_moe_grouped.py`); `dequant_min_tokens` the prompt length from which the NVFP4 linears
+decode their weights once into bfloat16 and call cuBLAS (`benchmarks/kernels/time_dequant_gemm.py`);
+`paged_min_tokens_per_split` and `paged_waves` the split plan of the paged decode attention
+(`benchmarks/kernels/time_paged_decode.py`).
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
 their measured configuration (others keep `nvfp4_gemv.plan`), the MoE settings replace the module
@@ -56,7 +59,7 @@ class MoeSettings(BaseModel):
     GATE_UP_BLOCK_K: int = Field(ge=16, le=2048)
     DOWN_BLOCK_H: int = Field(ge=1, le=128)
     DOWN_BLOCK_I: int = Field(ge=16, le=2048)
-    WORDS: int = Field(default=0, ge=0, le=3)
+    WORDS: int = Field(default=0, ge=0, le=2)
     DOWN_SPLIT: int = Field(default=1, ge=1, le=16)
 
 
@@ -91,13 +94,16 @@ class TuningFile(BaseModel):
     nvfp4_gemv: list[GemvEntry] = []
     moe_decode: MoeSettings | None = None
     moe_decode_batch_one: MoeSettings | None = None  # one token (the tiles that fill the GPU at batch 1 differ)
-    gemv_words: int | None = Field(default=None, ge=0, le=3)
+    gemv_words: int | None = Field(default=None, ge=0, le=2)
     gemm_min_tokens: int | None = Field(default=None, ge=2, le=65)
     gdn_step_split_below: int | None = Field(default=None, ge=0)  # split GDN decode heads below this many (row, head) pairs (0: never)
     gdn_step_split: int | None = Field(default=None, ge=2, le=32)  # programs per split head
     fused_router_max_tokens: int | None = Field(default=None, ge=0)  # router logits + top-k in one launch up to this batch (0: never)
     dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
     gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
+    dequant_min_tokens: int | None = Field(default=None, ge=65)  # prefill linears from this many tokens: bfloat16 weight copy + cuBLAS
+    paged_min_tokens_per_split: int | None = Field(default=None, ge=16, le=1024)  # paged decode: tokens walked by one split at least
+    paged_waves: int | None = Field(default=None, ge=1, le=64)  # paged decode: splits to fill the multiprocessors this many times
     small_m_gemm: list[SmallGemmEntry] = []
     moe_grouped_decode: MoeGroupedSettings | None = None
 
@@ -113,8 +119,10 @@ def apply_tuning(path: str | Path) -> TuningFile:
         gdn_decode_step,
         moe_decode,
         moe_grouped_decode,
+        nvfp4_dequant,
         nvfp4_gemm,
         nvfp4_gemv,
+        paged_decode,
         router,
     )
 
@@ -136,6 +144,11 @@ def apply_tuning(path: str | Path) -> TuningFile:
         nvfp4_gemv.GEMM_MIN_TOKENS = tuning.gemm_min_tokens
     if tuning.gemm_decode is not None:
         nvfp4_gemm.DECODE = tuning.gemm_decode
+    if tuning.dequant_min_tokens is not None:
+        nvfp4_dequant.MIN_TOKENS = tuning.dequant_min_tokens
+    for value, name in ((tuning.paged_min_tokens_per_split, "MIN_TOKENS_PER_SPLIT"), (tuning.paged_waves, "WAVES")):
+        if value is not None:
+            setattr(paged_decode, name, value)
     for small in tuning.small_m_gemm:
         nvfp4_gemm.SMALL_M_TUNED[(small.block_m, small.rows, small.k)] = small.config
     if tuning.moe_decode is not None:

@@ -77,43 +77,6 @@ for config in ((1, 16, 64, 2, 4, 0, 2), (1, 32, 32, 1, 4, 3, 2), (1, 64, 16, 4, 
     reference = torch.full((1, 40), float("nan"))
     nvfp4_gemv.launch_w4a16_gemv(x.float(), packed, scale, scale_2, reference, config=config[:6] + (0,))
     assert float((fallback.double() - reference.double()).norm() / reference.double().norm()) < 1e-6
-
-# WORDS 3: x prescaled per scale block instead of a float16 multiply per decoded pair. For |x| < 32 every
-# product is the unscaled path's, bit for bit; blocks of |x| up to 4e4 (where the unscaled float16 sums of
-# 8 products would overflow on the GPU) stay within float32-reference accuracy. Known-wrong: the block
-# factor 2^(10 - c) left out, caught by the large blocks only.
-from reference_engine.kernels import nvfp4_half_dot
-import triton
-import triton.language as tl
-
-large = torch.randn(1, 1024, generator=g)
-large[0, 16:32] *= 4e4 / large[0, 16:32].abs().max()  # one block at 4e4
-large[0, 64:128] *= 300.0
-large[0, 512:528] = 1e-5 * torch.randn(16, generator=g)  # one block of tiny values (below float16's normal range unscaled)
-for config in ((1, 16, 64, 2, 4, 0, 3), (1, 32, 32, 1, 4, 3, 3)):
-    x = torch.randn(1, 1024, generator=g).bfloat16()
-    unscaled, prescaled = torch.full((1, 40), float("nan")), torch.full((1, 40), float("nan"))
-    nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2, unscaled, config=config[:6] + (2,))
-    nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2, prescaled, config=config)
-    assert torch.equal(prescaled, unscaled), config
-    x = large.bfloat16()
-    reference, prescaled = torch.full((1, 40), float("nan")), torch.full((1, 40), float("nan"))
-    nvfp4_gemv.launch_w4a16_gemv(x.float(), packed, scale, scale_2, reference, config=config[:6] + (0,))
-    nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2, prescaled, config=config)
-    error = float((prescaled.double() - reference.double()).norm() / reference.double().norm())
-    assert error < 2e-3, (config, error)
-
-original = nvfp4_half_dot._x_half_pairs
-@triton.jit
-def _factor_dropped(x32_ptr, blocks, ok, ASM: tl.constexpr, PRESCALE: tl.constexpr = False):
-    p0, p1, p2, p3, p4, p5, p6, p7, restore = original(x32_ptr, blocks, ok, ASM, PRESCALE)
-    return p0, p1, p2, p3, p4, p5, p6, p7, restore * 0.0 + 1.0
-nvfp4_half_dot._x_half_pairs = _factor_dropped  # the interpreter looks the helper up by name at each call
-wrong = torch.full((1, 40), float("nan"))
-nvfp4_gemv.launch_w4a16_gemv(large.bfloat16(), packed, scale, scale_2, wrong, config=(1, 16, 64, 2, 4, 0, 3))
-nvfp4_half_dot._x_half_pairs = original
-error = float((wrong.double() - reference.double()).norm() / reference.double().norm())
-assert error > 0.1, ("the dropped block factor was not caught", error)
 print("ok")
 """
 
@@ -145,12 +108,12 @@ def test_contract_catches_known_wrong_kernel(records, wrong):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(("tokens", "rows", "columns"), [(1, 512, 2048), (1, 8192, 2048), (4, 2048, 4096), (32, 1024, 2048), (64, 4096, 2048), (65, 512, 2048)])
-@pytest.mark.parametrize("words", [0, 1, 2, 3])
+@pytest.mark.parametrize("words", [0, 1, 2])
 def test_matches_the_torch_op_on_cuda(tokens, rows, columns, words, monkeypatch):
     from reference_engine.kernels import nvfp4_gemv
     from reference_engine.kernels.nvfp4_gemv import w4a16_linear as triton_linear
 
-    monkeypatch.setattr(nvfp4_gemv, "WORDS", words)  # 1: int32 word reads decoded in PTX; 2: packed float16 pairs (batch 1); 3: x prescaled
+    monkeypatch.setattr(nvfp4_gemv, "WORDS", words)  # 1: int32 word reads decoded in PTX; 2: packed float16 pairs (batch 1)
     monkeypatch.setattr(nvfp4_gemv, "TUNED", {})
     from reference_engine.quant.linear import w4a16_linear as torch_linear
     from reference_engine.quant.nvfp4 import quantize_nvfp4

@@ -39,6 +39,14 @@ kernel.paged_decode(query, k_cache, v_cache, tables, seq_lens, out, 0.25)
 assert torch.isfinite(out).all()
 torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 kernel.plan = original
+# The plan's knobs (tuning file: paged_min_tokens_per_split, paged_waves) at the bench's table of 1296 tokens, 2 KV heads
+assert kernel.plan(1, 2, 1296, 132) == (16, 64, 21)  # defaults: 64 tokens per split at least, 2 waves
+kernel.MIN_TOKENS_PER_SPLIT, kernel.WAVES = 16, 8
+assert kernel.plan(1, 2, 1296, 132) == (16, 16, 81) and kernel.plan(32, 2, 1296, 132) == (16, 128, 11)
+out = torch.full((B, HQ, D), float("nan"))
+kernel.paged_decode(query, k_cache, v_cache, tables, seq_lens, out, 0.25)
+torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+kernel.MIN_TOKENS_PER_SPLIT, kernel.WAVES = 64, 2
 print("ok")
 """
 

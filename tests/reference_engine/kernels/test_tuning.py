@@ -45,8 +45,8 @@ moe_expected = torch.empty_like(xs)
 static_moe.moe_block_decode(xs, block.router_weight, block.experts.stacked, block.shared_nvfp4, block.top_k, out=moe_expected)
 settings = {"device": "test", "nvfp4_gemv": [{"tokens": 1, "rows": 48, "k_bytes": 128, "config": [1, 8, 64, 2, 4, 1, 1]}],
             "moe_decode": {"LOOP": 3, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 32, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 16, "WORDS": 1, "DOWN_SPLIT": 2},
-            "moe_decode_batch_one": {"LOOP": 0, "GATE_UP_BLOCK_N": 16, "GATE_UP_BLOCK_K": 16, "DOWN_BLOCK_H": 16, "DOWN_BLOCK_I": 16, "WORDS": 3, "DOWN_SPLIT": 3},
-            "gdn_step_split": 8,
+            "moe_decode_batch_one": {"LOOP": 0, "GATE_UP_BLOCK_N": 16, "GATE_UP_BLOCK_K": 16, "DOWN_BLOCK_H": 16, "DOWN_BLOCK_I": 16, "WORDS": 2, "DOWN_SPLIT": 3},
+            "gdn_step_split": 8, "dequant_min_tokens": 128, "paged_min_tokens_per_split": 16, "paged_waves": 8,
             "gemv_words": 1, "gemm_min_tokens": 16, "gemm_decode": 1, "small_m_gemm": [{"block_m": 16, "rows": 48, "k": 256, "config": [16, 4, 2]}],
             "moe_grouped_decode": {"min_tokens": 4, "gate_up_block_n": 16, "down_block_n": 16, "num_stages": 2}}
 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
@@ -54,9 +54,11 @@ with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
 tuning.apply_tuning(handle.name)
 assert nvfp4_gemv.TUNED[(1, 48, 128)] == (1, 8, 64, 2, 4, 1, 1) and moe_decode.LOOP == 3 and moe_decode.DOWN_BLOCK_I == 16
 assert moe_decode.WORDS == 1 and nvfp4_gemv.WORDS == 1 and nvfp4_gemv.GEMM_MIN_TOKENS == 16
-assert moe_decode._settings(1) == (0, 16, 16, 16, 16, 3, 3) and moe_decode._settings(3) == (3, 8, 32, 8, 16, 1, 2)
+assert moe_decode._settings(1) == (0, 16, 16, 16, 16, 2, 3) and moe_decode._settings(3) == (3, 8, 32, 8, 16, 1, 2)
 from reference_engine.kernels import gdn_decode_step
 assert gdn_decode_step.STEP_SPLIT == 8
+from reference_engine.kernels import nvfp4_dequant, paged_decode
+assert nvfp4_dequant.MIN_TOKENS == 128 and paged_decode.MIN_TOKENS_PER_SPLIT == 16 and paged_decode.WAVES == 8
 from reference_engine.kernels import nvfp4_gemm
 assert nvfp4_gemm.DECODE == 1 and nvfp4_gemm.plan("linear", 16, 48, 256) == nvfp4_gemm.GemmPlan(16, 16, 32, 4, 3, 2)
 xs16 = torch.randn(16, 256, generator=g)
@@ -71,7 +73,7 @@ assert float((out - expected).abs().max()) < 1e-4, (out - expected).abs().max()
 moe_out = torch.full_like(xs, float("nan"))
 moe_decode.moe_block_decode(xs, block.router_weight, block.experts.stacked, block.shared_nvfp4, block.top_k, out=moe_out)
 assert float((moe_out - moe_expected).norm() / moe_expected.norm()) < 1e-5
-one = xs[:1].to(torch.bfloat16)  # one bfloat16 token: the batch-one setting (packed float16 pairs, x prescaled, down split over 3)
+one = xs[:1].to(torch.bfloat16)  # one bfloat16 token: the batch-one setting (packed float16 pairs, down split over 3)
 one_expected = torch.empty_like(one)
 static_moe.moe_block_decode(one, block.router_weight.to(torch.bfloat16), block.experts.stacked, block.shared_nvfp4, block.top_k, out=one_expected)
 one_out = torch.full_like(one, float("nan"))

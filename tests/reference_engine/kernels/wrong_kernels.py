@@ -188,3 +188,19 @@ def grouped_first_tile_only(x, router_weight, experts, shared, top_k, out):
     from reference_engine.kernels import moe_grouped_decode
 
     _grouped_with_counts(lambda counts: counts.clamp_(max=moe_grouped_decode.PLAN.block_m), x, router_weight, experts, shared, top_k, out)
+
+
+def dequant_high_nibble_first(weight_packed, weight_scale, weight_scale_2, out):
+    """Element 2j from the high nibble (the other packing convention)."""
+    from reference_engine.kernels import nvfp4_dequant
+
+    swapped = ((weight_packed >> 4) | (weight_packed << 4)).to(torch.uint8)
+    nvfp4_dequant.dequantize_nvfp4_into(swapped, weight_scale, weight_scale_2, out)
+
+
+def dequant_scale_per_32(weight_packed, weight_scale, weight_scale_2, out):
+    """One block scale per 32 elements (the MXFP4 block size): every second scale column read twice."""
+    from reference_engine.kernels import nvfp4_dequant
+
+    doubled = weight_scale[:, ::2].repeat_interleave(2, dim=1)[:, : weight_scale.shape[1]].contiguous()
+    nvfp4_dequant.dequantize_nvfp4_into(weight_packed, doubled, weight_scale_2, out)
