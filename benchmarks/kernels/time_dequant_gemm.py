@@ -4,7 +4,7 @@ against a bfloat16 copy of the weight and cuBLAS (`nvfp4_dequant.dequant_matmul`
     PYTHONPATH=. python3 benchmarks/kernels/time_dequant_gemm.py OUT.json [TUNING.json]
 
 Shapes: a GDN layer's in_proj (12288 x 2048) and out_proj (2048 x 4096), an attention layer's q+k+v (9216 x 2048), the
-shared expert's gate/up (1024 x 2048) and down (2048 x 512); 128 to 2048 tokens. Each is a CUDA graph of CALLS calls on
+shared expert's gate/up (1024 x 2048) and down (2048 x 512); 128, 512 and 1024 tokens. Each is a CUDA graph of CALLS calls on
 distinct weight copies (more bytes than the L2 holds); the figure is graph time / CALLS, with the TFLOP/s it implies.
 Outputs are checked against the torch op first. With TUNING, `dequant_min_tokens` is set to the smallest token count
 from which the copy wins on the summed shapes at every larger count measured (removed when it never does).
@@ -25,7 +25,7 @@ from reference_engine.quant.linear import w4a16_linear as torch_linear
 from reference_engine.quant.nvfp4 import quantize_nvfp4
 
 SHAPES = {"gdn in_proj": (12288, 2048), "gdn out_proj": (2048, 4096), "attn q+k+v": (9216, 2048), "shared gate/up": (1024, 2048), "shared down": (2048, 512)}
-TOKENS = (128, 256, 512, 1024, 2048)
+TOKENS = (128, 512, 1024)
 CALLS = 8
 PATHS = {"tensor-core GEMM": None, "bf16 copy + cuBLAS": 65}  # nvfp4_dequant.MIN_TOKENS for each
 
