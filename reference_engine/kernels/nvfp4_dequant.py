@@ -84,8 +84,8 @@ def dequantize_nvfp4_into(weight_packed: torch.Tensor, weight_scale: torch.Tenso
 
 
 def dequant_matmul(x2d: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2, out2d: torch.Tensor) -> None:
-    """`out2d [M, N] = x2d [M, K] @ dequant(W)^T` through a bfloat16 (x's dtype) copy of W and torch.mm; inputs as
-    `nvfp4_gemv._apply` passes them (contiguous x, one tensor scale or one per row)."""
+    """`out2d [M, N] = x2d [M, K] @ dequant(W)^T` through a copy of W in x's dtype and torch.mm; inputs as
+    `nvfp4_gemv._apply` passes them (one tensor scale or one per row; out2d contiguous)."""
     rows, k_bytes = weight_packed.shape
     scale_2 = torch.as_tensor(scale_2, dtype=torch.float32, device=x2d.device)
     weight = torch.empty(rows, 2 * k_bytes, dtype=x2d.dtype, device=x2d.device)
