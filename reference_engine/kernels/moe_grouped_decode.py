@@ -118,7 +118,7 @@ def _gate_up_group(
     while m0 < count:  # a while loop: the Triton 3.6 interpreter cannot take a loaded scalar as a range bound
         pairs, valid = _tile_pairs(pairs_ptr, group, P, count, m0, BLOCK_M)
         x_rows = (pairs // SLOTS).to(tl.int64) * stride_xm
-        acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, w_ptr, s_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+        acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, w_ptr, s_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, 0)
         gate = acc_gate * gate_scale
         act = gate / (1.0 + tl.exp(-gate)) * (acc_up * up_scale)
         out_ptrs = act_ptr + pairs[:, None].to(tl.int64) * I + cols[None, :]
@@ -160,7 +160,7 @@ def _down_group(
     while m0 < count:
         pairs, valid = _tile_pairs(pairs_ptr, group, P, count, m0, BLOCK_M)
         act_rows = pairs.to(tl.int64) * (2 * I_BYTES)
-        acc = _rows_products(act_ptr, act_rows, w_ptr, s_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+        acc = _rows_products(act_ptr, act_rows, w_ptr, s_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, 0)
         weight = tl.load(weights_ptr + pairs, mask=valid, other=0.0)  # [BM] routing weight or shared gate
         y = acc * tensor_scale * weight[:, None]
         tl.store(y_ptr + pairs[:, None].to(tl.int64) * H + cols[None, :], y, mask=valid[:, None] & (cols < H)[None, :])

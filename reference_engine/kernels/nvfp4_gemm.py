@@ -89,13 +89,22 @@ class GemmPlan:
     num_stages: int
     split_k: int = 1  # K slices reduced in the kernel (last ticket of a tile sums them in order)
     decode: int = -1  # weight decode: 0 bytes, 1 int32 words (see `_weight_tile_words`); -1: the module's `DECODE`
+    prefetch: int = -1  # 1: the next K step's x tile and block scales loaded a step ahead; -1: the module's `PREFETCH_*`
 
 
 DECODE = 0  # the weight decode of every plan that does not name one (the tuning file may set 1)
+PREFETCH_LINEAR = 0  # `prefetch` of the linears' plans that do not name one (the tuning file may set 1)
+PREFETCH_MOE = 0  # the same for the routed experts' two launches
 
 
 def _decode(p: GemmPlan) -> int:
     return DECODE if p.decode < 0 else p.decode
+
+
+def _prefetch(p: GemmPlan, moe: bool) -> int:
+    if p.prefetch >= 0:
+        return p.prefetch
+    return PREFETCH_MOE if moe else PREFETCH_LINEAR
 
 
 def _packed_operand(packed: torch.Tensor, decode: int) -> torch.Tensor:
@@ -125,13 +134,14 @@ def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DE
         block_m = 128 if big else _pow2_between(tokens, 16, 64)
         return GemmPlan(block_m, block_n, block_kb, 8, 3)
     mean_group = triton.cdiv(max(tokens, 1), max(num_experts, 1))
-    block_m = _pow2_between(2 * mean_group, 16, 32 if float32 else 64)
+    block_m = _pow2_between(2 * mean_group, 16, min(MOE_BLOCK_M_MAX, 32 if float32 else 64))
     warps = 8 if block_m >= 64 else 4
     if kind == "moe_gate_up":
         return GemmPlan(block_m, _pow2_between(rows, 16, 32 if float32 else 64), block_kb, warps, 3)
     return GemmPlan(block_m, _pow2_between(rows, 16, 64 if float32 else 128), block_kb, warps, 3)
 
 
+MOE_BLOCK_M_MAX = 64  # the routed experts' largest token block (16, 32 or 64; the tuning file may lower it)
 SMALL_M_TOKENS = 64  # up to this many tokens a linear gets `_small_m_plan`
 SMALL_M_TUNED: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # (block_m, rows, k) -> (block_n, num_warps, split_k), from the tuning file
 
@@ -195,20 +205,29 @@ def _dot(a, b, acc, DOT_KIND: tl.constexpr):
 
 
 @triton.jit
-def _weight_tile(packed_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
-                 BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr):
-    """Rows `rows` [BLOCK_N] (int64, all valid) of an NVFP4 matrix, K elements 2*byte0 .. 2*(byte0+BLOCK_KB)
-    -> [BLOCK_N, 2 * BLOCK_KB] e2m1 * block_scale * 2^-14 in the dot dtype (zero past K)."""
-    byte_cols = byte0 + tl.arange(0, BLOCK_KB)
+def _scale_tile(scale_ptr, rows, K_BYTES: tl.constexpr, byte0, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr):
+    """The E4M3 block scales [BLOCK_N, BLOCK_KB / 8] of rows `rows` for the K step at packed byte byte0 (zero past K)."""
     block_cols = byte0 // 8 + tl.arange(0, BLOCK_KB // 8)
-    packed_ptrs = packed_ptr + rows[:, None] * K_BYTES + byte_cols[None, :]
     scale_ptrs = scale_ptr + rows[:, None] * (K_BYTES // 8) + block_cols[None, :]
     if EVEN_K:
+        scale = tl.load(scale_ptrs)
+    else:
+        scale = tl.load(scale_ptrs, mask=(block_cols < K_BYTES // 8)[None, :], other=0.0)
+    return scale
+
+
+@triton.jit
+def _weight_tile(packed_ptr, scale, rows, K_BYTES: tl.constexpr, byte0,
+                 BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr):
+    """Rows `rows` [BLOCK_N] (int64, all valid) of an NVFP4 matrix, K elements 2*byte0 .. 2*(byte0+BLOCK_KB), with
+    their block scales `scale` (`_scale_tile`) -> [BLOCK_N, 2 * BLOCK_KB] e2m1 * block_scale * 2^-14 in the dot
+    dtype (zero past K)."""
+    byte_cols = byte0 + tl.arange(0, BLOCK_KB)
+    packed_ptrs = packed_ptr + rows[:, None] * K_BYTES + byte_cols[None, :]
+    if EVEN_K:
         packed = tl.load(packed_ptrs)  # [BN, KB] uint8
-        scale = tl.load(scale_ptrs)  # [BN, KB/8] float8
     else:
         packed = tl.load(packed_ptrs, mask=(byte_cols < K_BYTES)[None, :], other=0)
-        scale = tl.load(scale_ptrs, mask=(block_cols < K_BYTES // 8)[None, :], other=0.0)
     scale = scale.to(tl.float16)
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (BLOCK_N, BLOCK_KB // 8, 8)), (BLOCK_N, BLOCK_KB))
     low = _e2m1_times_2_pow_m14(packed & 0xF) * scale  # elements 2j   (exact in float16)
@@ -249,20 +268,16 @@ def _code_times_scale(words, j: tl.constexpr, scale_f32):
 
 
 @triton.jit
-def _weight_tile_words(words_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
+def _weight_tile_words(words_ptr, scale, rows, K_BYTES: tl.constexpr, byte0,
                        BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, ASM: tl.constexpr):
     """`_weight_tile` reading int32 words: the same [BLOCK_N, 2 * BLOCK_KB] tile as e2m1 * block_scale * 2^-7."""
     KW: tl.constexpr = BLOCK_KB // 4
     word_cols = byte0 // 4 + tl.arange(0, KW)
-    block_cols = byte0 // 8 + tl.arange(0, BLOCK_KB // 8)
     word_ptrs = words_ptr + rows[:, None] * (K_BYTES // 4) + word_cols[None, :]
-    scale_ptrs = scale_ptr + rows[:, None] * (K_BYTES // 8) + block_cols[None, :]
     if EVEN_K:
         words = tl.load(word_ptrs)  # [BN, KW] int32
-        scale = tl.load(scale_ptrs)  # [BN, KB/8] float8
     else:
         words = tl.load(word_ptrs, mask=(word_cols < K_BYTES // 4)[None, :], other=0)
-        scale = tl.load(scale_ptrs, mask=(block_cols < K_BYTES // 8)[None, :], other=0.0)
     scale = tl.reshape(tl.broadcast_to(scale.to(tl.float32)[:, :, None], (BLOCK_N, BLOCK_KB // 8, 2)), (BLOCK_N, KW))  # one per word
     if ASM:
         e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
@@ -283,10 +298,18 @@ def _weight_tile_words(words_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
 def _tile(packed_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
           BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr):
     """The weight tile in DECODE 0 (bytes, float16 products: e2m1 * scale * 2^-14) or 1 (words: e2m1 * scale * 2^-7)."""
+    scale = _scale_tile(scale_ptr, rows, K_BYTES, byte0, BLOCK_KB, EVEN_K)
+    return _scaled_tile(packed_ptr, scale, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+
+
+@triton.jit
+def _scaled_tile(packed_ptr, scale, rows, K_BYTES: tl.constexpr, byte0,
+                 BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr):
+    """`_tile` with its block scales already loaded (`_scale_tile`)."""
     if DECODE == 1:
-        tile = _weight_tile_words(packed_ptr, scale_ptr, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DOT_KIND == 1)
+        tile = _weight_tile_words(packed_ptr, scale, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DOT_KIND == 1)
     else:
-        tile = _weight_tile(packed_ptr, scale_ptr, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
+        tile = _weight_tile(packed_ptr, scale, rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND)
     return tile
 
 
@@ -308,7 +331,7 @@ def _w4a16_gemm_kernel(
     M, N, stride_xm, stride_om,
     K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
     EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, DOT_KIND: tl.constexpr, SPLIT_K: tl.constexpr, SPLIT_BYTES: tl.constexpr,
-    DECODE: tl.constexpr = 0,
+    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -318,11 +341,24 @@ def _w4a16_gemm_kernel(
     x_rows = tl.minimum(tokens, M - 1).to(tl.int64) * stride_xm  # clamped: loads need no mask
     w_rows = tl.minimum(rows, N - 1).to(tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for step in range(0, SPLIT_BYTES, BLOCK_KB):  # this program's K slice (all of K without split-K)
-        byte0 = tl.multiple_of(pid_k * SPLIT_BYTES + step, BLOCK_KB)
-        x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-        w = _tile(packed_ptr, scale_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-        acc = _dot(x, tl.trans(w), acc, DOT_KIND)
+    if PREFETCH:  # x and the block scales of the next K step loaded before this step's decode and dot
+        LAST: tl.constexpr = (SPLIT_BYTES - 1) // BLOCK_KB * BLOCK_KB  # the slice's last step (SPLIT_BYTES = K_BYTES without split-K)
+        x_next = _x_tile(x_ptr, x_rows, K_BYTES, pid_k * SPLIT_BYTES, BLOCK_KB, EVEN_K, DOT_KIND)
+        s_next = _scale_tile(scale_ptr, w_rows, K_BYTES, pid_k * SPLIT_BYTES, BLOCK_KB, EVEN_K)
+        for step in range(0, SPLIT_BYTES, BLOCK_KB):
+            byte0 = tl.multiple_of(pid_k * SPLIT_BYTES + step, BLOCK_KB)
+            ahead = tl.multiple_of(pid_k * SPLIT_BYTES + tl.minimum(step + BLOCK_KB, LAST), BLOCK_KB)  # the last step reloads itself
+            x, s = x_next, s_next
+            x_next = _x_tile(x_ptr, x_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K, DOT_KIND)
+            s_next = _scale_tile(scale_ptr, w_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K)
+            w = _scaled_tile(packed_ptr, s, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+            acc = _dot(x, tl.trans(w), acc, DOT_KIND)
+    else:
+        for step in range(0, SPLIT_BYTES, BLOCK_KB):  # this program's K slice (all of K without split-K)
+            byte0 = tl.multiple_of(pid_k * SPLIT_BYTES + step, BLOCK_KB)
+            x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
+            w = _tile(packed_ptr, scale_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+            acc = _dot(x, tl.trans(w), acc, DOT_KIND)
     in_range = (tokens < M)[:, None] & (rows < N)[None, :]
     if SPLIT_K > 1:  # partial sums to a float32 workspace; the program drawing the tile's last ticket adds them in split order
         tile = pid_m * tl.num_programs(1) + pid_n
@@ -402,7 +438,7 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
         x, _packed_operand(packed, decode), scale, scale_2, target, workspace, counters, tokens, rows, x.stride(0), target.stride(0),
         K_BYTES=k_bytes, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KB=p.block_kb, EVEN_K=even_k,
         ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), SPLIT_K=p.split_k, SPLIT_BYTES=split_bytes, DECODE=decode,
-        num_warps=p.num_warps, num_stages=p.num_stages,
+        PREFETCH=_prefetch(p, moe=False), num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if target is not buffer:
         buffer.copy_(target)
@@ -412,29 +448,60 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
 
 @triton.jit
 def _gate_up_products(x_ptr, x_rows, w_ptr, s_ptr, gate_rows, up_rows, K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr):
+                      BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr, PREFETCH: tl.constexpr):
     """(gate, up) [BLOCK_M, BLOCK_N] float32 accumulators: x rows at element offsets x_rows [BM] times the NVFP4
-    gate rows and the matching up rows (one x tile per K step for both), before the tensor scales."""
+    gate rows and the matching up rows (one x tile per K step for both), before the tensor scales. PREFETCH: the
+    next step's x tile and block scales are loaded before this step's decode and dots (Triton 3.6 pipelines the
+    code words through shared memory but leaves the gathered x rows and the one-byte scales as plain loads)."""
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for byte0 in range(0, K_BYTES, BLOCK_KB):
-        x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-        w_gate = _tile(w_ptr, s_ptr, gate_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-        acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
-        w_up = _tile(w_ptr, s_ptr, up_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-        acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
+    if PREFETCH:
+        LAST: tl.constexpr = (K_BYTES - 1) // BLOCK_KB * BLOCK_KB  # the last step's first byte
+        x_next = _x_tile(x_ptr, x_rows, K_BYTES, 0, BLOCK_KB, EVEN_K, DOT_KIND)
+        gate_next = _scale_tile(s_ptr, gate_rows, K_BYTES, 0, BLOCK_KB, EVEN_K)
+        up_next = _scale_tile(s_ptr, up_rows, K_BYTES, 0, BLOCK_KB, EVEN_K)
+        for byte0 in range(0, K_BYTES, BLOCK_KB):
+            ahead = tl.multiple_of(tl.minimum(byte0 + BLOCK_KB, LAST), BLOCK_KB)  # the last step reloads itself
+            x, s_gate, s_up = x_next, gate_next, up_next
+            x_next = _x_tile(x_ptr, x_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K, DOT_KIND)
+            gate_next = _scale_tile(s_ptr, gate_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K)
+            up_next = _scale_tile(s_ptr, up_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K)
+            w_gate = _scaled_tile(w_ptr, s_gate, gate_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+            acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
+            w_up = _scaled_tile(w_ptr, s_up, up_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+            acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
+    else:
+        for byte0 in range(0, K_BYTES, BLOCK_KB):
+            x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
+            w_gate = _tile(w_ptr, s_ptr, gate_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+            acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
+            w_up = _tile(w_ptr, s_ptr, up_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+            acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
     return acc_gate, acc_up
 
 
 @triton.jit
 def _rows_products(a_ptr, a_rows, w_ptr, s_ptr, w_rows, K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr):
-    """[BLOCK_M, BLOCK_N] float32: rows of `a` at element offsets a_rows [BM] times NVFP4 rows w_rows, over all of K."""
+                   BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr, PREFETCH: tl.constexpr):
+    """[BLOCK_M, BLOCK_N] float32: rows of `a` at element offsets a_rows [BM] times NVFP4 rows w_rows, over all of K
+    (PREFETCH as `_gate_up_products`)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for byte0 in range(0, K_BYTES, BLOCK_KB):
-        a = _x_tile(a_ptr, a_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-        w = _tile(w_ptr, s_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-        acc = _dot(a, tl.trans(w), acc, DOT_KIND)
+    if PREFETCH:
+        LAST: tl.constexpr = (K_BYTES - 1) // BLOCK_KB * BLOCK_KB
+        a_next = _x_tile(a_ptr, a_rows, K_BYTES, 0, BLOCK_KB, EVEN_K, DOT_KIND)
+        s_next = _scale_tile(s_ptr, w_rows, K_BYTES, 0, BLOCK_KB, EVEN_K)
+        for byte0 in range(0, K_BYTES, BLOCK_KB):
+            ahead = tl.multiple_of(tl.minimum(byte0 + BLOCK_KB, LAST), BLOCK_KB)
+            a, s = a_next, s_next
+            a_next = _x_tile(a_ptr, a_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K, DOT_KIND)
+            s_next = _scale_tile(s_ptr, w_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K)
+            w = _scaled_tile(w_ptr, s, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+            acc = _dot(a, tl.trans(w), acc, DOT_KIND)
+    else:
+        for byte0 in range(0, K_BYTES, BLOCK_KB):
+            a = _x_tile(a_ptr, a_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
+            w = _tile(w_ptr, s_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+            acc = _dot(a, tl.trans(w), acc, DOT_KIND)
     return acc
 
 
@@ -455,7 +522,7 @@ def _moe_gate_up_kernel(
     x_ptr, order_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, act_ptr,
     MAX_BLOCKS, stride_xm,
     I: tl.constexpr, H_BYTES: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr,
-    DECODE: tl.constexpr = 0,
+    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
 ):
     block = tl.program_id(0)
     expert, positions, valid, safe = _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M)
@@ -466,7 +533,7 @@ def _moe_gate_up_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     gate_rows = expert.to(tl.int64) * (2 * I) + tl.minimum(cols, I - 1)
     up_rows = gate_rows + I
-    acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, packed_ptr, scale_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+    acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, packed_ptr, scale_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH)
     undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0  # the decoded operand's power of two
     gate = acc_gate * (tl.load(scale_2_ptr + 2 * expert) * undo)
     up = acc_up * (tl.load(scale_2_ptr + 2 * expert + 1) * undo)
@@ -480,7 +547,7 @@ def _moe_down_kernel(
     act_ptr, order_ptr, weights_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, pair_out_ptr,
     MAX_BLOCKS,
     H: tl.constexpr, I_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr,
-    DECODE: tl.constexpr = 0,
+    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
 ):
     block = tl.program_id(0)
     expert, _, valid, safe = _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M)
@@ -490,7 +557,7 @@ def _moe_down_kernel(
     act_rows = safe.to(tl.int64) * (2 * I_BYTES)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     down_rows = expert.to(tl.int64) * H + tl.minimum(cols, H - 1)
-    acc = _rows_products(act_ptr, act_rows, packed_ptr, scale_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+    acc = _rows_products(act_ptr, act_rows, packed_ptr, scale_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH)
     routing = tl.load(weights_ptr + pairs)  # [BM] float32
     undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0
     acc = acc * (tl.load(scale_2_ptr + expert) * undo) * routing[:, None]
@@ -645,13 +712,15 @@ def block_table_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) ->
 
 
 def nvfp4_moe_prefill(
-    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: StackedNvfp4Experts, out: torch.Tensor, check_ids: bool = True
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: StackedNvfp4Experts, out: torch.Tensor, check_ids: bool = True,
+    plans: tuple[GemmPlan, GemmPlan] | None = None,
 ) -> torch.Tensor:
     """out[t] = sum_j topk_weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = topk_ids[t, j], for NVFP4
     experts (`StackedNvfp4Experts`; x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32, out [T, H]
     in x's dtype). The activation is rounded to x's dtype before the down projection (as `ops.moe`).
     `check_ids=False` skips the expert-id range check, the op's one host sync: for ids in range by
-    construction (the model's router top-k), so a prefill does not wait for the GPU once per layer."""
+    construction (the model's router top-k), so a prefill does not wait for the GPU once per layer.
+    `plans`: the (gate/up, down) tiles instead of `plan(...)` (benchmarks and tests; both must share block_m)."""
     from reference_engine.ops.static_moe import capturing
 
     tokens, top_k, num_experts, inter = _check_moe(x, topk_weights, topk_ids, experts, out)
@@ -667,8 +736,11 @@ def nvfp4_moe_prefill(
     pairs = tokens * top_k
     sm = _sm_count(x.device)
     float32 = x.dtype == torch.float32
-    plan_a = plan("moe_gate_up", pairs, inter, hidden, sm, num_experts, float32)
-    plan_b = plan("moe_down", pairs, hidden, inter, sm, num_experts, float32)
+    if plans is None:
+        plans = (plan("moe_gate_up", pairs, inter, hidden, sm, num_experts, float32), plan("moe_down", pairs, hidden, inter, sm, num_experts, float32))
+    plan_a, plan_b = plans
+    if plan_a.block_m != plan_b.block_m:
+        raise ValueError(f"the two MoE plans must share block_m (one block table), got {plan_a.block_m} and {plan_b.block_m}")
     order, table = block_table(topk_ids, num_experts, plan_a.block_m)
     blocks = table.shape[1]
     x = x if x.stride(1) == 1 else x.contiguous()
@@ -679,7 +751,7 @@ def nvfp4_moe_prefill(
         x, order, table, _packed_operand(experts.gate_up_packed.contiguous(), _decode(plan_a)), experts.gate_up_scale.contiguous(),
         experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
         BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb, EVEN_K=(hidden // 2) % plan_a.block_kb == 0,
-        DOT_KIND=dot_kind, DECODE=_decode(plan_a), num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
+        DOT_KIND=dot_kind, DECODE=_decode(plan_a), PREFETCH=_prefetch(plan_a, moe=True), num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
     )
     if staged:  # the interpreter truncates float32 -> bf16; torch rounds
         act = act.to(x.dtype)
@@ -688,7 +760,7 @@ def nvfp4_moe_prefill(
         act, order, topk_weights.contiguous(), table, _packed_operand(experts.down_packed.contiguous(), _decode(plan_b)), experts.down_scale.contiguous(),
         experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
         BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
-        DOT_KIND=dot_kind, DECODE=_decode(plan_b), num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
+        DOT_KIND=dot_kind, DECODE=_decode(plan_b), PREFETCH=_prefetch(plan_b, moe=True), num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
     )
     slot_sum(pair_out, out, top_k)
     return out

@@ -19,7 +19,9 @@ instead of the GEMV (at most 65); the next three switch the decode launch saving
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
 (`benchmarks/kernels/time_decode_pieces.py` measures them at batches 1 to 64).
 `gemm_decode` picks the weight decode of the tensor-core GEMMs (prefill linears and experts, decode batches from
-`gemm_min_tokens`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`);
+`gemm_min_tokens`), `gemm_prefetch_linear` / `gemm_prefetch_moe` whether they load the next K step's activation tile
+and block scales a step ahead, `moe_prefill_block_m_max` the routed experts' largest token block
+(`benchmarks/kernels/time_moe_prefill.py`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`);
 `moe_grouped_decode` the batch from which the decode MoE block runs grouped by expert, and its tiles
 (`benchmarks/kernels/time_moe_grouped.py`); `dequant_min_tokens` the prompt length from which the NVFP4 linears
 decode their weights once into bfloat16 and call cuBLAS (`benchmarks/kernels/time_dequant_gemm.py`);
@@ -38,6 +40,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -101,6 +104,9 @@ class TuningFile(BaseModel):
     fused_router_max_tokens: int | None = Field(default=None, ge=0)  # router logits + top-k in one launch up to this batch (0: never)
     dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
     gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
+    gemm_prefetch_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: next K step's x and scales loaded ahead
+    gemm_prefetch_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
+    moe_prefill_block_m_max: Literal[16, 32, 64] | None = None  # the routed experts' prefill GEMMs: largest token block
     dequant_min_tokens: int | None = Field(default=None, ge=65)  # prefill linears from this many tokens: bfloat16 weight copy + cuBLAS
     paged_min_tokens_per_split: int | None = Field(default=None, ge=16, le=1024)  # paged decode: tokens walked by one split at least
     paged_waves: int | None = Field(default=None, ge=1, le=64)  # paged decode: splits to fill the multiprocessors this many times
@@ -142,8 +148,10 @@ def apply_tuning(path: str | Path) -> TuningFile:
             setattr(module, name, value)
     if tuning.gemm_min_tokens is not None:
         nvfp4_gemv.GEMM_MIN_TOKENS = tuning.gemm_min_tokens
-    if tuning.gemm_decode is not None:
-        nvfp4_gemm.DECODE = tuning.gemm_decode
+    for value, name in ((tuning.gemm_decode, "DECODE"), (tuning.gemm_prefetch_linear, "PREFETCH_LINEAR"), (tuning.gemm_prefetch_moe, "PREFETCH_MOE"),
+                        (tuning.moe_prefill_block_m_max, "MOE_BLOCK_M_MAX")):  # fmt: skip
+        if value is not None:
+            setattr(nvfp4_gemm, name, value)
     if tuning.dequant_min_tokens is not None:
         nvfp4_dequant.MIN_TOKENS = tuning.dequant_min_tokens
     for value, name in ((tuning.paged_min_tokens_per_split, "MIN_TOKENS_PER_SPLIT"), (tuning.paged_waves, "WAVES")):

@@ -49,18 +49,19 @@ for tokens, rows, k in ((1024, 8192, 2048), (1024, 2048, 4096), (1024, 32, 2048)
     split_bytes = -(-(k // 2) // (p.split_k * p.block_kb)) * p.block_kb
     for decode in (0, 1):
         words = {"packed_ptr": "*i32"} if decode else {}
-        configs.append((f"linear {tokens}x{rows}x{k} decode {decode} split {p.split_k}", m._w4a16_gemm_kernel, sig | words, {"K_BYTES": k // 2, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "ROW_SCALES": True, "DOT_KIND": m.DOT_BFLOAT16, "SPLIT_K": p.split_k, "SPLIT_BYTES": split_bytes, "DECODE": decode}, p))
-for pairs in (8192, 800):
+        for prefetch in (0, 1) if decode else (0,):
+            configs.append((f"linear {tokens}x{rows}x{k} decode {decode} prefetch {prefetch} split {p.split_k}", m._w4a16_gemm_kernel, sig | words, {"K_BYTES": k // 2, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "ROW_SCALES": True, "DOT_KIND": m.DOT_BFLOAT16, "SPLIT_K": p.split_k, "SPLIT_BYTES": split_bytes, "DECODE": decode, "PREFETCH": prefetch}, p))
+for pairs in (8192, 800, 4096):  # block_m 64, 16, 32
     p = m.plan("moe_gate_up", pairs, 512, 2048, num_experts=256)
     sig = common | {"x_ptr": "*bf16", "order_ptr": "*i32", "blocks_ptr": "*i32", "act_ptr": "*bf16", "MAX_BLOCKS": "i32", "stride_xm": "i32"}
-    for decode in (0, 1):
+    for decode, prefetch in ((0, 0), (1, 0), (1, 1)):
         words = {"packed_ptr": "*i32"} if decode else {}
-        configs.append((f"moe gate_up pairs={pairs} decode {decode}", m._moe_gate_up_kernel, sig | words, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": decode}, p))
+        configs.append((f"moe gate_up pairs={pairs} decode {decode} prefetch {prefetch}", m._moe_gate_up_kernel, sig | words, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": decode, "PREFETCH": prefetch}, p))
     p = m.plan("moe_down", pairs, 2048, 512, num_experts=256)
     sig = common | {"act_ptr": "*bf16", "order_ptr": "*i32", "weights_ptr": "*fp32", "blocks_ptr": "*i32", "pair_out_ptr": "*fp32", "MAX_BLOCKS": "i32"}
-    for decode in (0, 1):
+    for decode, prefetch in ((0, 0), (1, 0), (1, 1)):
         words = {"packed_ptr": "*i32"} if decode else {}
-        configs.append((f"moe down pairs={pairs} decode {decode}", m._moe_down_kernel, sig | words, {"H": 2048, "I_BYTES": 256, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": decode}, p))
+        configs.append((f"moe down pairs={pairs} decode {decode} prefetch {prefetch}", m._moe_down_kernel, sig | words, {"H": 2048, "I_BYTES": 256, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": decode, "PREFETCH": prefetch}, p))
 report = {}
 for name, kernel, sig, consts, p in configs:
     compiled = triton.compile(ASTSource(kernel, sig | {key: "constexpr" for key in consts}, constexprs=consts),
@@ -91,6 +92,22 @@ def deq64(packed, scale, scale_2):
     scale_2 = torch.as_tensor(scale_2).double()
     per_row = scale_2.reshape(-1, 1) if scale_2.numel() > 1 else scale_2
     return LUT[codes] * scale.double().repeat_interleave(16, dim=-1) * per_row
+
+def split_plan_fields(p):
+    return (p.block_m, p.block_n, p.block_kb, p.num_warps, p.num_stages, p.split_k)
+
+def prefetch_one_step_late(x, packed, scale, scale_2, out):
+    # known wrong: the prefetching loop multiplies each K step's weights by the previous step's x tile
+    real = nvfp4_gemm._x_tile
+    def late(x_ptr, rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND):
+        return real(x_ptr, rows, K_BYTES, byte0 - BLOCK_KB if byte0 >= BLOCK_KB else byte0, BLOCK_KB, EVEN_K, DOT_KIND)
+    nvfp4_gemm.PREFETCH_LINEAR = 1
+    try:
+        nvfp4_gemm._x_tile = late
+        nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, out)
+    finally:
+        nvfp4_gemm._x_tile = real
+        nvfp4_gemm.PREFETCH_LINEAR = 0
 
 def rel(out, ref):
     out = out.double()
@@ -312,6 +329,38 @@ for name in ("t3-k4-f32", "t40-k2-skew-bf16", "t24-k3-padding-bf16"):
     nvfp4_gemm.DECODE = 1
     results["words_identical"]["moe-" + name] = bool(torch.equal(run_moe(x, weights_, ids), bytes_out))
 nvfp4_gemm.DECODE = 0
+
+# prefetch (the next K step's x tile and block scales loaded a step ahead): outputs identical to the plain loop's,
+# with K a multiple of the K step and not (K 80: the last step masked), split-K (the last slice uneven) and the MoE
+results["prefetch_identical"] = {}
+for decode in (0, 1):
+    nvfp4_gemm.DECODE = decode
+    for name in ("m3-bf16", "m70-rows-bf16", "m97-k80-rows-f32", "m130-bf16"):
+        x, packed, scale, scale_2, ref = gemm_inputs[name]
+        nvfp4_gemm.PREFETCH_LINEAR = 0
+        plain = run_gemm(x, packed, scale, scale_2)
+        nvfp4_gemm.PREFETCH_LINEAR = 1
+        results["prefetch_identical"][f"{name}-decode{decode}"] = bool(torch.equal(run_gemm(x, packed, scale, scale_2), plain))
+    for name in ("split3-uneven-m20-k320-f32", "split2-m20-k320-rows-bf16"):
+        x, packed, scale, scale_2, ref, split_plan = gemm_inputs[name]
+        outs = [torch.full(ref.shape, float("nan"), dtype=x.dtype) for _ in range(2)]
+        for prefetch, out in enumerate(outs):
+            nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, out, gemm_plan=nvfp4_gemm.GemmPlan(*split_plan_fields(split_plan), decode=decode, prefetch=prefetch))
+        results["prefetch_identical"][f"{name}-decode{decode}"] = bool(torch.equal(outs[0], outs[1]))
+    for name in ("t3-k4-f32", "t40-k2-skew-bf16", "t24-k3-padding-bf16"):
+        dtype, x, weights_, ids = MOE_CASES[name]
+        nvfp4_gemm.PREFETCH_MOE = 0
+        plain = run_moe(x, weights_, ids)
+        nvfp4_gemm.PREFETCH_MOE = 1
+        results["prefetch_identical"][f"moe-{name}-decode{decode}"] = bool(torch.equal(run_moe(x, weights_, ids), plain))
+nvfp4_gemm.DECODE = nvfp4_gemm.PREFETCH_LINEAR = nvfp4_gemm.PREFETCH_MOE = 0
+x, packed, scale, scale_2, ref = gemm_inputs["m97-k80-rows-f32"]  # three K steps
+results["gemm_wrong"]["prefetch_one_step_late"] = ("float32", rel(run_gemm(x, packed, scale, scale_2, prefetch_one_step_late), ref))
+try:
+    nvfp4_gemm.nvfp4_moe_prefill(*MOE_CASES["t3-k4-f32"][1:], experts, torch.empty(3, H), plans=(nvfp4_gemm.GemmPlan(16, 32, 32, 4, 3), nvfp4_gemm.GemmPlan(32, 64, 16, 4, 3)))
+    results["plans_mismatch_error"] = ""
+except ValueError as error:
+    results["plans_mismatch_error"] = str(error)
 print("JSON" + json.dumps(results))
 """
 
@@ -329,7 +378,7 @@ def test_gemm_matches_the_float64_product(results):
 
 
 def test_gemm_rejects_known_wrong_variants(results):
-    assert len(results["gemm_wrong"]) == 4
+    assert len(results["gemm_wrong"]) == 5
     for name, (dtype, error) in results["gemm_wrong"].items():
         assert error > 10 * BOUNDS[dtype], (name, error)
 
@@ -357,6 +406,16 @@ def test_word_decode_matches_byte_decode_exactly(results):
     assert len(results["words_identical"]) == 8 and all(results["words_identical"].values()), results["words_identical"]
 
 
+def test_prefetch_matches_the_plain_loop_exactly(results):
+    """Loading the next K step's x tile and block scales ahead changes no bit: both decodes, masked last step, split-K, MoE."""
+    assert len(results["prefetch_identical"]) == 18
+    assert all(results["prefetch_identical"].values()), results["prefetch_identical"]
+
+
+def test_moe_plans_must_share_the_token_block(results):
+    assert "must share block_m" in results["plans_mismatch_error"]
+
+
 def test_structural_checks(results):
     failed = [name for name, ok in results["checks"] if not ok]
     assert not failed and len(results["checks"]) == 9, results["checks"]
@@ -376,8 +435,8 @@ def test_kernels_compile_for_sm90_without_spills():
         pytest.skip("Triton's bundled ptxas is not available")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout[result.stdout.rindex("JSON") + 4:])
-    assert len(report) == 20
-    assert sum(not name.endswith(" split 1") for name in report if name.startswith("linear")) == 6  # decode batches split K
+    assert len(report) == 18 + 18  # linears: 6 shapes x 3 (decode 0; decode 1 with prefetch 0 and 1); MoE: 3 sizes x 2 kernels x 3
+    assert sum(not name.endswith(" split 1") for name in report if name.startswith("linear")) == 9  # decode batches split K
     for name, info in report.items():
         assert info["spill_bytes"] == 0 and info["tensor_cores"], (name, info)
 
@@ -552,3 +611,41 @@ def test_word_decode_moe_is_bit_identical_on_cuda(monkeypatch):
     ids = torch.stack([torch.randperm(experts_count, generator=generator)[:top_k] for _ in range(tokens)]).int().cuda()
     weights = torch.softmax(torch.randn(tokens, top_k, generator=generator), -1).cuda()
     _assert_decodes_agree(lambda out: nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out), (tokens, hidden), monkeypatch)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("block_m_max", [64, 32])
+def test_prefetch_is_bit_identical_on_cuda(block_m_max, monkeypatch):
+    """The one-step-ahead loads on the GPU (wgmma at 64-token blocks, mma.sync below): the same bits as the plain loop,
+    for a prefill linear, a split-K decode-batch linear and the routed experts."""
+    from reference_engine.kernels import nvfp4_gemm
+    from reference_engine.kernels.moe_decode import stack_nvfp4_experts
+    from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+    monkeypatch.setattr(nvfp4_gemm, "DECODE", 1)
+    monkeypatch.setattr(nvfp4_gemm, "MOE_BLOCK_M_MAX", block_m_max)
+    generator = torch.Generator().manual_seed(17)
+
+    def quantized(rows, cols):
+        return tuple(t.cuda() for t in quantize_nvfp4(torch.randn(rows, cols, generator=generator) * cols**-0.5))
+
+    def both(run, shape, name):
+        outs = []
+        for prefetch in (0, 1):
+            monkeypatch.setattr(nvfp4_gemm, name, prefetch)
+            out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+            run(out)
+            outs.append(out)
+        assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1]), name
+
+    for tokens, rows, columns in ((300, 2048, 4096), (32, 12288, 2048)):
+        packed, scale, scale_2 = quantized(rows, columns)
+        x = torch.randn(tokens, columns, generator=generator).to(torch.bfloat16).cuda()
+        both(lambda out, x=x, w=(packed, scale, scale_2): nvfp4_gemm.w4a16_gemm(x, *w, out), (tokens, rows), "PREFETCH_LINEAR")
+    experts_count, hidden, inter, top_k, tokens = 32, 2048, 512, 8, 512
+    experts = stack_nvfp4_experts([quantized(inter, hidden) for _ in range(experts_count)], [quantized(inter, hidden) for _ in range(experts_count)],
+                                  [quantized(hidden, inter) for _ in range(experts_count)])  # fmt: skip
+    x = torch.randn(tokens, hidden, generator=generator).to(torch.bfloat16).cuda()
+    ids = torch.stack([torch.randperm(experts_count, generator=generator)[:top_k] for _ in range(tokens)]).int().cuda()
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=generator), -1).cuda()
+    both(lambda out: nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out), (tokens, hidden), "PREFETCH_MOE")

@@ -1,0 +1,169 @@
+"""Time the NVFP4 tensor-core GEMMs with and without the one-step-ahead loads (`GemmPlan.prefetch`), and the routed
+experts' token block; write the winners into a tuning file.
+
+    PYTHONPATH=. python3 benchmarks/kernels/time_moe_prefill.py results.json [tuning-in.json tuning-out.json]
+
+Routed experts (`nvfp4_moe_prefill`, 256 experts, H 2048, I 512, top-8, routing from random logits) at 1024 and 256
+tokens: the committed plan, then each variant in `moe_variants`. Linears (`w4a16_gemm`): the decode batches' tiles
+(8, 32 and 64 tokens at the stacked decode shapes, `small_m_gemm` from the tuning file) and prefill at 128 tokens
+(below `dequant_min_tokens`), each with prefetch 0 and 1. Weights of the linears are cycled over copies that
+together exceed the 60 MB L2, inside a CUDA graph (`time_gemm_tiles.weights`); the experts are 400 MB.
+Every variant's output is compared with the committed plan's (prefetch alone must be bit-identical; another token
+block may differ by summation order, relative error < 1e-2, else it is skipped). `tuning-out.json`: tuning-in plus
+`gemm_prefetch_moe`, `moe_prefill_block_m_max` (from the 1024-token time) and `gemm_prefetch_linear` (summed
+over the linear shapes), each changed only for a gain of 2% or more. No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from reference_engine.bench.timing import graph_seconds
+from reference_engine.kernels import nvfp4_gemm
+from reference_engine.kernels.nvfp4_gemm import GemmPlan, plan
+from reference_engine.kernels.tuning import apply_tuning
+from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from time_gemm_tiles import (  # the sibling script's L2-cycling helpers
+    time_linear,
+    weights,
+)
+
+EXPERTS, HIDDEN, INTER, TOP_K = 256, 2048, 512, 8
+MOE_TOKENS = (1024, 256)
+LINEAR_SHAPES = [(12288, 2048), (9216, 2048), (2048, 4096)]  # GDN qkvz, attention qkv, out projections (rows, K)
+LINEAR_TOKENS = (8, 32, 64, 128)
+GAIN = 0.98  # a setting changes only if it is at least 2% faster
+
+
+def stacked_experts():
+    from reference_engine.ops import static_moe
+
+    def stack(rows, cols):
+        packed, scale, scale_2 = quantize_nvfp4(torch.randn(EXPERTS * rows, cols, device="cuda") * cols**-0.5)
+        return packed.view(EXPERTS, rows, cols // 2), scale.view(EXPERTS, rows, cols // 16), scale_2
+
+    gate_up, gu_scale, gu_s2 = stack(2 * INTER, HIDDEN)
+    down, d_scale, d_s2 = stack(HIDDEN, INTER)
+    return static_moe.StackedNvfp4Experts(gate_up, gu_scale, gu_s2.reshape(1, 1).expand(EXPERTS, 2).contiguous(), down, d_scale,
+                                          d_s2.reshape(1).expand(EXPERTS).contiguous())  # fmt: skip
+
+
+def with_fields(p: GemmPlan, **fields) -> GemmPlan:
+    return GemmPlan(**(vars(p) | fields))
+
+
+def moe_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
+    """label -> (gate/up plan, down plan); 'committed' first (the module's plans as the tuning file set them)."""
+    pairs = tokens * TOP_K
+    base_a, base_b = plan("moe_gate_up", pairs, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", pairs, HIDDEN, INTER, num_experts=EXPERTS)
+    found = {"committed": (base_a, base_b)}
+    for prefetch in (0, 1):
+        for block_m in (16, 32, 64):
+            warps = 8 if block_m >= 64 else 4
+            a = with_fields(base_a, block_m=block_m, num_warps=warps, prefetch=prefetch)
+            b = with_fields(base_b, block_m=block_m, num_warps=warps, prefetch=prefetch)
+            found[f"prefetch {prefetch} block_m {block_m}"] = (a, b)
+        found[f"prefetch {prefetch} block_m 64 stages 2"] = tuple(with_fields(p, block_m=64, num_warps=8, num_stages=2, prefetch=prefetch) for p in (base_a, base_b))
+    found["prefetch 1 block_m 64 gate/up 128 rows"] = (with_fields(base_a, block_m=64, num_warps=8, block_n=128, prefetch=1), with_fields(base_b, block_m=64, num_warps=8, prefetch=1))
+    found["prefetch 1 block_m 32 down 64 rows"] = (with_fields(base_a, block_m=32, num_warps=4, prefetch=1), with_fields(base_b, block_m=32, num_warps=4, block_n=64, prefetch=1))
+    return found
+
+
+def time_moe(records: list, experts) -> dict[str, float]:
+    """Microseconds per call at 1024 tokens per variant label (NaN: output rejected)."""
+    at_1024 = {}
+    for tokens in MOE_TOKENS:
+        x = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
+        top = torch.softmax(torch.randn(tokens, EXPERTS, device="cuda") * 2.0, -1).topk(TOP_K, dim=-1)
+        routing = (top.values / top.values.sum(-1, keepdim=True)).contiguous()
+        ids = top.indices.int().contiguous()
+        reference = None
+        for label, plans in moe_variants(tokens).items():
+            out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
+            try:
+                nvfp4_gemm.nvfp4_moe_prefill(x, routing, ids, experts, out, check_ids=False, plans=plans)
+            except Exception as error:  # noqa: BLE001 - a variant that does not compile is reported, not fatal
+                print(f"moe T={tokens} {label}: failed {type(error).__name__}: {str(error)[:300]}", flush=True)
+                records.append({"part": "moe prefill", "tokens": tokens, "variant": label, "error": str(error)[:300]})
+                at_1024[label] = float("nan")
+                continue
+            if reference is None:
+                reference = out.clone()
+            error = float((out.double() - reference.double()).norm() / reference.double().norm())
+            identical = bool(torch.equal(out, reference))
+            if not (torch.isfinite(out).all() and error < 1e-2):
+                print(f"moe T={tokens} {label}: output rejected (error {error:.2e})", flush=True)
+                records.append({"part": "moe prefill", "tokens": tokens, "variant": label, "rel_error": error, "rejected": True})
+                at_1024[label] = float("nan")
+                continue
+
+            def step(out=out, plans=plans, x=x, routing=routing, ids=ids):
+                for _ in range(4):
+                    nvfp4_gemm.nvfp4_moe_prefill(x, routing, ids, experts, out, check_ids=False, plans=plans)
+
+            us = graph_seconds(step) * 1e6 / 4
+            if tokens == 1024:
+                at_1024[label] = us
+            records.append({"part": "moe prefill", "tokens": tokens, "variant": label, "us": us, "rel_error_vs_committed": error, "identical": identical,
+                            "plans": [vars(p) for p in plans]})  # fmt: skip
+            print(f"moe T={tokens:5d} {label:40s} {us:8.1f} us  vs committed: identical {identical}, error {error:.1e}", flush=True)
+    return at_1024
+
+
+def time_linears(records: list) -> dict[int, float]:
+    """Summed microseconds over `LINEAR_SHAPES` x `LINEAR_TOKENS` per prefetch setting."""
+    totals = {0: 0.0, 1: 0.0}
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    x_all = torch.randn(max(LINEAR_TOKENS), 4096, device="cuda").bfloat16()
+    for rows, k in LINEAR_SHAPES:
+        made = weights(rows, k)
+        for tokens in LINEAR_TOKENS:
+            x = x_all[:tokens, :k].contiguous()
+            base = plan("linear", tokens, rows, k, sm)
+            outs = {}
+            for prefetch in (0, 1):
+                us, error = time_linear(x, made, with_fields(base, prefetch=prefetch))
+                totals[prefetch] += us
+                outs[prefetch] = us
+                records.append({"part": "linear", "tokens": tokens, "rows": rows, "k": k, "prefetch": prefetch, "us": us, "rel_error": error, "plan": vars(base)})
+            print(f"linear {tokens:4d} x {rows:5d} x {k}: prefetch 0 {outs[0]:7.1f} us, 1 {outs[1]:7.1f} us", flush=True)
+        del made
+    return totals
+
+
+def main(path: str, tuning_in: str | None, tuning_out: str | None) -> None:
+    if tuning_in:
+        apply_tuning(tuning_in)
+    records: list = []
+    experts = stacked_experts()
+    moe = time_moe(records, experts)
+    del experts
+    linears = time_linears(records)
+    best = min((label for label in moe if moe[label] == moe[label]), key=moe.get)
+    print(f"moe at 1024 tokens: committed {moe['committed']:.1f} us, best {best!r} {moe[best]:.1f} us", flush=True)
+    print(f"linears summed: prefetch 0 {linears[0]:.1f} us, prefetch 1 {linears[1]:.1f} us", flush=True)
+    Path(path).write_text(json.dumps({"records": records, "moe_1024": moe, "linears": linears}, indent=1))
+    if tuning_in and tuning_out:
+        tuning = json.loads(Path(tuning_in).read_text())
+        expressible = [label for label in moe if label.startswith("prefetch") and label.count(" ") == 3 and moe[label] == moe[label]]  # the tuning keys' variants
+        pick = min(expressible, key=moe.get)
+        if moe[pick] <= GAIN * moe["committed"]:
+            tuning["gemm_prefetch_moe"] = int(pick.split()[1])
+            tuning["moe_prefill_block_m_max"] = int(pick.split()[3])
+        if linears[1] <= GAIN * linears[0]:
+            tuning["gemm_prefetch_linear"] = 1
+        Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
+        print("tuning:", {key: tuning.get(key) for key in ("gemm_prefetch_moe", "moe_prefill_block_m_max", "gemm_prefetch_linear")}, flush=True)
+
+
+if __name__ == "__main__":
+    arguments = sys.argv[1:]
+    if len(arguments) not in (1, 3):
+        sys.exit(__doc__)
+    main(arguments[0], *(arguments[1:] or [None, None]))
