@@ -44,7 +44,7 @@ def configs():
             yield f"w4a16 M={tokens} N={rows} split={split_k} loop={loop}", nvfp4_gemv._w4a16_gemv_kernel, gemv_sig | {"out_ptr": out}, {"STEPS_PER_SPLIT": steps, "SPLIT_K": split_k, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_KB": block_kb, "ROW_SCALES": tokens == 1, "LOOP": loop}
             yield f"w4a16 words M={tokens} N={rows} split={split_k} loop={loop}", nvfp4_gemv._w4a16_gemv_kernel, gemv_sig | {"out_ptr": out, "packed_ptr": "*i32"}, {"STEPS_PER_SPLIT": steps, "SPLIT_K": split_k, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_KB": block_kb, "ROW_SCALES": tokens == 1, "LOOP": loop, "WORDS": True, "ASM": True}
     half_sig = {"x32_ptr": "*i32", "blocks_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16", "workspace_ptr": "*fp32", "counter_ptr": "*i32", "N": I32, "K_BLOCKS": I32}
-    for block_n, block_b, split, loop in ((128, 4, 1, 0), (256, 8, 2, 3), (64, 4, 4, 3)):
+    for block_n, block_b, split, loop in ((128, 4, 1, 0), (256, 8, 2, 3), (64, 4, 4, 3), (256, 8, 8, 1)):
         yield f"w4a16 half N-block={block_n} blocks={block_b} split={split} loop={loop}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig, {"STEPS_PER_SPLIT": 4, "SPLIT_K": split, "BLOCK_N": block_n, "BLOCK_B": block_b, "ROW_SCALES": split == 1, "LOOP": loop, "ASM": True}
     for row_scales in (False, True):
         yield f"nvfp4 dequant row_scales={row_scales}", nvfp4_dequant._dequant_kernel, {"packed_ptr": "*u8", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16", "N": I32, "K_BYTES": I32}, {

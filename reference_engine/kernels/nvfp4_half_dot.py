@@ -174,7 +174,10 @@ def _w4a16_gemv_half_kernel(
     else:
         scale_2 = tl.load(scale_2_ptr) * 16.0
     acc = tl.zeros((BLOCK_N, BLOCK_B), dtype=tl.float32)  # summed over K once, after the loop
-    if LOOP > 1:
+    if LOOP == 1:  # unrolled: every step's loads may be issued before the first block dot
+        for step in tl.static_range(STEPS_PER_SPLIT):
+            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM)
+    elif LOOP > 1:
         for step in tl.range(STEPS_PER_SPLIT, num_stages=LOOP):
             acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM)
     else:
