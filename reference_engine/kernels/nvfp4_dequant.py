@@ -14,8 +14,9 @@ N*K/16 scale bytes, write 2*N*K bytes) and handing cuBLAS a plain bfloat16 GEMM 
 356.5 to 257.5 us summed at 1024 tokens (run23). Numerics: e2m1 * block scale is exact in bfloat16; the tensor
 scale folded in rounds each weight once more (relative error below 2^-9), and cuBLAS accumulates in float32 and
 rounds the output once: 2.3e-3 to 2.6e-3 relative error against the float32 op, against 2e-5 to 8e-5 for the
-GEMM (run23). Off by default until an engine A/B passes: run23-B, which enabled it with a new paged-decode plan,
-failed its gate's top-1 bound on 13 rows (its 2 short gate prompts never reached this path; see benchmarks/NOTES.md).
+GEMM (run23). Off in the module (None); the H200 tuning file sets 512 since run25, whose engine A/B with 4 gate
+prompts passed the gate with it (KL 0.109, top-1 0.30 against the bound 0.25; run23-B's failure had been 13 rows
+from 2 short prompts that never reached this path) and took TTFT from 7.46 to 6.71 times its floor (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
