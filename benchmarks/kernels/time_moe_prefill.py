@@ -3,14 +3,14 @@ experts' token block; write the winners into a tuning file.
 
     PYTHONPATH=. python3 benchmarks/kernels/time_moe_prefill.py results.json [tuning-in.json tuning-out.json]
 
-Routed experts (`nvfp4_moe_prefill`, 256 experts, H 2048, I 512, top-8, routing from random logits) at 1024 and 256
+Routed experts (`nvfp4_moe_prefill`, 256 experts, H 2048, I 512, top-8, routing from random logits) at 1024
 tokens: the committed plan, then each variant in `moe_variants`. Linears (`w4a16_gemm`): the decode batches' tiles
 (8, 32 and 64 tokens at the stacked decode shapes, `small_m_gemm` from the tuning file) and prefill at 128 tokens
 (below `dequant_min_tokens`), each with prefetch 0 and 1. Weights of the linears are cycled over copies that
 together exceed the 60 MB L2, inside a CUDA graph (`time_gemm_tiles.weights`); the experts are 400 MB.
 Every variant's output is compared with the committed plan's (prefetch alone must be bit-identical; another token
 block may differ by summation order, relative error < 1e-2, else it is skipped). `tuning-out.json`: tuning-in plus
-`gemm_prefetch_moe`, `moe_prefill_block_m_max` (from the 1024-token time) and `gemm_prefetch_linear` (summed
+`gemm_prefetch_moe`, `moe_prefill_block_m_max`, `moe_prefill_gate_up_block_n` (from the 1024-token time) and `gemm_prefetch_linear` (summed
 over the linear shapes), each changed only for a gain of 2% or more. No speed is asserted.
 """
 
@@ -35,7 +35,7 @@ from time_gemm_tiles import (  # the sibling script's L2-cycling helpers
 )
 
 EXPERTS, HIDDEN, INTER, TOP_K = 256, 2048, 512, 8
-MOE_TOKENS = (1024, 256)
+MOE_TOKENS = (1024,)  # run26 also timed 256 (block_m 16 whatever the cap): `kernels/results/2026-12-03-h200-run26-moe-prefill.log`
 LINEAR_SHAPES = [(12288, 2048), (9216, 2048), (2048, 4096)]  # GDN qkvz, attention qkv, out projections (rows, K)
 LINEAR_TOKENS = (8, 32, 64, 128)
 GAIN = 0.98  # a setting changes only if it is at least 2% faster
@@ -59,19 +59,20 @@ def with_fields(p: GemmPlan, **fields) -> GemmPlan:
 
 
 def moe_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
-    """label -> (gate/up plan, down plan); 'committed' first (the module's plans as the tuning file set them)."""
+    """label -> (gate/up plan, down plan); 'committed' first (the module's plans as the tuning file set them), then
+    every combination the tuning keys express: prefetch 0/1, largest token block 16/32/64, gate/up rows 64/128."""
     pairs = tokens * TOP_K
     base_a, base_b = plan("moe_gate_up", pairs, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", pairs, HIDDEN, INTER, num_experts=EXPERTS)
     found = {"committed": (base_a, base_b)}
+    mean_group = -(-pairs // EXPERTS)
     for prefetch in (0, 1):
-        for block_m in (16, 32, 64):
+        for block_m_max in (16, 32, 64):
+            block_m = max(16, min(block_m_max, 1 << (2 * mean_group - 1).bit_length()))  # as `plan` with the cap
             warps = 8 if block_m >= 64 else 4
-            a = with_fields(base_a, block_m=block_m, num_warps=warps, prefetch=prefetch)
-            b = with_fields(base_b, block_m=block_m, num_warps=warps, prefetch=prefetch)
-            found[f"prefetch {prefetch} block_m {block_m}"] = (a, b)
-        found[f"prefetch {prefetch} block_m 64 stages 2"] = tuple(with_fields(p, block_m=64, num_warps=8, num_stages=2, prefetch=prefetch) for p in (base_a, base_b))
-    found["prefetch 1 block_m 64 gate/up 128 rows"] = (with_fields(base_a, block_m=64, num_warps=8, block_n=128, prefetch=1), with_fields(base_b, block_m=64, num_warps=8, prefetch=1))
-    found["prefetch 1 block_m 32 down 64 rows"] = (with_fields(base_a, block_m=32, num_warps=4, prefetch=1), with_fields(base_b, block_m=32, num_warps=4, block_n=64, prefetch=1))
+            for rows in (64, 128):
+                a = with_fields(base_a, block_m=block_m, num_warps=warps, block_n=rows, prefetch=prefetch)
+                b = with_fields(base_b, block_m=block_m, num_warps=warps, prefetch=prefetch)
+                found[f"prefetch {prefetch} block_m_max {block_m_max} rows {rows}"] = (a, b)
     return found
 
 
@@ -151,15 +152,14 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None) -> None:
     Path(path).write_text(json.dumps({"records": records, "moe_1024": moe, "linears": linears}, indent=1))
     if tuning_in and tuning_out:
         tuning = json.loads(Path(tuning_in).read_text())
-        expressible = [label for label in moe if label.startswith("prefetch") and label.count(" ") == 3 and moe[label] == moe[label]]  # the tuning keys' variants
-        pick = min(expressible, key=moe.get)
+        pick = min((label for label in moe if label != "committed" and moe[label] == moe[label]), key=moe.get)
         if moe[pick] <= GAIN * moe["committed"]:
-            tuning["gemm_prefetch_moe"] = int(pick.split()[1])
-            tuning["moe_prefill_block_m_max"] = int(pick.split()[3])
+            _, prefetch, _, block_m_max, _, rows = pick.split()
+            tuning |= {"gemm_prefetch_moe": int(prefetch), "moe_prefill_block_m_max": int(block_m_max), "moe_prefill_gate_up_block_n": int(rows)}
         if linears[1] <= GAIN * linears[0]:
             tuning["gemm_prefetch_linear"] = 1
         Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
-        print("tuning:", {key: tuning.get(key) for key in ("gemm_prefetch_moe", "moe_prefill_block_m_max", "gemm_prefetch_linear")}, flush=True)
+        print("tuning:", {key: tuning.get(key) for key in ("gemm_prefetch_moe", "moe_prefill_block_m_max", "moe_prefill_gate_up_block_n", "gemm_prefetch_linear")}, flush=True)
 
 
 if __name__ == "__main__":

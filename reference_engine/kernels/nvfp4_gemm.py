@@ -137,11 +137,12 @@ def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DE
     block_m = _pow2_between(2 * mean_group, 16, min(MOE_BLOCK_M_MAX, 32 if float32 else 64))
     warps = 8 if block_m >= 64 else 4
     if kind == "moe_gate_up":
-        return GemmPlan(block_m, _pow2_between(rows, 16, 32 if float32 else 64), block_kb, warps, 3)
+        return GemmPlan(block_m, _pow2_between(rows, 16, 32 if float32 else MOE_GATE_UP_BLOCK_N), block_kb, warps, 3)
     return GemmPlan(block_m, _pow2_between(rows, 16, 64 if float32 else 128), block_kb, warps, 3)
 
 
 MOE_BLOCK_M_MAX = 64  # the routed experts' largest token block (16, 32 or 64; the tuning file may lower it)
+MOE_GATE_UP_BLOCK_N = 64  # gate rows (and as many up rows) per program of the routed experts' first launch (64 or 128)
 SMALL_M_TOKENS = 64  # up to this many tokens a linear gets `_small_m_plan`
 SMALL_M_TUNED: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # (block_m, rows, k) -> (block_n, num_warps, split_k), from the tuning file
 
@@ -452,7 +453,10 @@ def _gate_up_products(x_ptr, x_rows, w_ptr, s_ptr, gate_rows, up_rows, K_BYTES: 
     """(gate, up) [BLOCK_M, BLOCK_N] float32 accumulators: x rows at element offsets x_rows [BM] times the NVFP4
     gate rows and the matching up rows (one x tile per K step for both), before the tensor scales. PREFETCH: the
     next step's x tile and block scales are loaded before this step's decode and dots (Triton 3.6 pipelines the
-    code words through shared memory but leaves the gathered x rows and the one-byte scales as plain loads)."""
+    code words through shared memory but leaves the gathered x rows and the one-byte scales as plain loads). The
+    same values; bit-identical under the interpreter and on wgmma (64-token blocks), but on the H200 the mma.sync
+    tiles (16 and 32 tokens) and the linears differ in the last bits (run26: relative 2e-4, summation order).
+    Measured slower alone (run26, `benchmarks/NOTES.md`); a tuning knob, off by default."""
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if PREFETCH:

@@ -51,17 +51,19 @@ for tokens, rows, k in ((1024, 8192, 2048), (1024, 2048, 4096), (1024, 32, 2048)
         words = {"packed_ptr": "*i32"} if decode else {}
         for prefetch in (0, 1) if decode else (0,):
             configs.append((f"linear {tokens}x{rows}x{k} decode {decode} prefetch {prefetch} split {p.split_k}", m._w4a16_gemm_kernel, sig | words, {"K_BYTES": k // 2, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "ROW_SCALES": True, "DOT_KIND": m.DOT_BFLOAT16, "SPLIT_K": p.split_k, "SPLIT_BYTES": split_bytes, "DECODE": decode, "PREFETCH": prefetch}, p))
-for pairs in (8192, 800, 4096):  # block_m 64, 16, 32
+for pairs, gate_up_rows in ((8192, 64), (800, 64), (4096, 64), (8192, 128), (4096, 128)):  # block_m 64, 16, 32; 128 gate/up rows
+    m.MOE_GATE_UP_BLOCK_N = gate_up_rows
+    combos = ((0, 0), (1, 0), (1, 1)) if gate_up_rows == 64 else ((1, 0), (1, 1))  # 128 rows: word decode only (bytes spill at 32 tokens)
     p = m.plan("moe_gate_up", pairs, 512, 2048, num_experts=256)
     sig = common | {"x_ptr": "*bf16", "order_ptr": "*i32", "blocks_ptr": "*i32", "act_ptr": "*bf16", "MAX_BLOCKS": "i32", "stride_xm": "i32"}
-    for decode, prefetch in ((0, 0), (1, 0), (1, 1)):
+    for decode, prefetch in combos:
         words = {"packed_ptr": "*i32"} if decode else {}
-        configs.append((f"moe gate_up pairs={pairs} decode {decode} prefetch {prefetch}", m._moe_gate_up_kernel, sig | words, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": decode, "PREFETCH": prefetch}, p))
+        configs.append((f"moe gate_up pairs={pairs} rows={p.block_n} decode {decode} prefetch {prefetch}", m._moe_gate_up_kernel, sig | words, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": decode, "PREFETCH": prefetch}, p))
     p = m.plan("moe_down", pairs, 2048, 512, num_experts=256)
     sig = common | {"act_ptr": "*bf16", "order_ptr": "*i32", "weights_ptr": "*fp32", "blocks_ptr": "*i32", "pair_out_ptr": "*fp32", "MAX_BLOCKS": "i32"}
-    for decode, prefetch in ((0, 0), (1, 0), (1, 1)):
+    for decode, prefetch in combos:
         words = {"packed_ptr": "*i32"} if decode else {}
-        configs.append((f"moe down pairs={pairs} decode {decode} prefetch {prefetch}", m._moe_down_kernel, sig | words, {"H": 2048, "I_BYTES": 256, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": decode, "PREFETCH": prefetch}, p))
+        configs.append((f"moe down pairs={pairs} gate_up_rows={gate_up_rows} decode {decode} prefetch {prefetch}", m._moe_down_kernel, sig | words, {"H": 2048, "I_BYTES": 256, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": decode, "PREFETCH": prefetch}, p))
 report = {}
 for name, kernel, sig, consts, p in configs:
     compiled = triton.compile(ASTSource(kernel, sig | {key: "constexpr" for key in consts}, constexprs=consts),
@@ -435,7 +437,7 @@ def test_kernels_compile_for_sm90_without_spills():
         pytest.skip("Triton's bundled ptxas is not available")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout[result.stdout.rindex("JSON") + 4:])
-    assert len(report) == 18 + 18  # linears: 6 shapes x 3 (decode 0; decode 1 with prefetch 0 and 1); MoE: 3 sizes x 2 kernels x 3
+    assert len(report) == 18 + 26  # linears: 6 shapes x 3 (decode 0; decode 1 with prefetch 0 and 1); MoE: 3 plans x 2 kernels x 3 + 2 x 2 x 2
     assert sum(not name.endswith(" split 1") for name in report if name.startswith("linear")) == 9  # decode batches split K
     for name, info in report.items():
         assert info["spill_bytes"] == 0 and info["tensor_cores"], (name, info)
@@ -615,9 +617,10 @@ def test_word_decode_moe_is_bit_identical_on_cuda(monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("block_m_max", [64, 32])
-def test_prefetch_is_bit_identical_on_cuda(block_m_max, monkeypatch):
-    """The one-step-ahead loads on the GPU (wgmma at 64-token blocks, mma.sync below): the same bits as the plain loop,
-    for a prefill linear, a split-K decode-batch linear and the routed experts."""
+def test_prefetch_matches_the_plain_loop_on_cuda(block_m_max, monkeypatch):
+    """The one-step-ahead loads on the GPU against the plain loop, for a prefill linear, a split-K decode-batch linear
+    and the routed experts: the same values up to summation order (run26 on the H200: linears and 16-token MoE blocks
+    on mma.sync differ in the last bits, relative 2e-4), and the same bits for the MoE on wgmma (64-token blocks)."""
     from reference_engine.kernels import nvfp4_gemm
     from reference_engine.kernels.moe_decode import stack_nvfp4_experts
     from reference_engine.quant.nvfp4 import quantize_nvfp4
@@ -629,14 +632,15 @@ def test_prefetch_is_bit_identical_on_cuda(block_m_max, monkeypatch):
     def quantized(rows, cols):
         return tuple(t.cuda() for t in quantize_nvfp4(torch.randn(rows, cols, generator=generator) * cols**-0.5))
 
-    def both(run, shape, name):
+    def both(run, shape, name, identical=False):
         outs = []
         for prefetch in (0, 1):
             monkeypatch.setattr(nvfp4_gemm, name, prefetch)
             out = torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
             run(out)
             outs.append(out)
-        assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1]), name
+        assert _rel(outs[1], outs[0]) < 1e-3, name
+        assert torch.equal(outs[0], outs[1]) or not identical, name
 
     for tokens, rows, columns in ((300, 2048, 4096), (32, 12288, 2048)):
         packed, scale, scale_2 = quantized(rows, columns)
@@ -648,4 +652,5 @@ def test_prefetch_is_bit_identical_on_cuda(block_m_max, monkeypatch):
     x = torch.randn(tokens, hidden, generator=generator).to(torch.bfloat16).cuda()
     ids = torch.stack([torch.randperm(experts_count, generator=generator)[:top_k] for _ in range(tokens)]).int().cuda()
     weights = torch.softmax(torch.randn(tokens, top_k, generator=generator), -1).cuda()
-    both(lambda out: nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out), (tokens, hidden), "PREFETCH_MOE")
+    assert nvfp4_gemm.plan("moe_gate_up", tokens * top_k, inter, hidden, num_experts=experts_count).block_m == block_m_max
+    both(lambda out: nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out), (tokens, hidden), "PREFETCH_MOE", identical=block_m_max == 64)
