@@ -15,6 +15,6 @@ echo "bench rc=$? (1: gate failed, 124: out of time)"; grep -v "^\s*$" "$OUT/ben
 [ -f "$OUT/$NAME.md" ] && cat "$OUT/$NAME.md"
 [ "${LMHEAD:-1}" = 1 ] || exit 0
 timeout "${LMHEAD_S:-100}" python3 -m toolbox.cli engine bench --out-dir "$OUT" --commit "$COMMIT" --name "$NAME-lmhead-nvfp4" --lm-head nvfp4 \
-  --no-peer --no-profile --output-tokens 64 --batch-sizes 1,32 --gate-prompts 2 > "$OUT/bench_$NAME-lmhead.log" 2>&1
+  --no-peer --no-profile --output-tokens 64 --batch-sizes 1,32 --gate-prompts 16 > "$OUT/bench_$NAME-lmhead.log" 2>&1
 echo "lm-head nvfp4 bench rc=$?"; grep -v "^\s*$" "$OUT/bench_$NAME-lmhead.log" | tail -n 4
 [ -f "$OUT/$NAME-lmhead-nvfp4.md" ] && sed -n 1,20p "$OUT/$NAME-lmhead-nvfp4.md"

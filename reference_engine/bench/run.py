@@ -35,7 +35,7 @@ class BenchOptions:
     batch_prompt_tokens: int = 128  # prompt of each sequence in the throughput runs
     output_tokens: int = 256
     batch_sizes: tuple[int, ...] = (1, 8, 32, 64)
-    gate_prompts: int = 4
+    gate_prompts: int = 16  # 80 clear top-1 rows at full size; 4 gave 20, too few for the top-1 bound (benchmarks/NOTES.md, run28)
     gate_steps: int = 8
     gate_prompt_tokens: int = 64  # longest gate prompt
     kernels: str = "triton"  # "triton": Triton kernels where they exist (CUDA); "torch": the torch static ops only

@@ -130,7 +130,7 @@ Examples:
 @click.option("--batch-prompt-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Prompt of each sequence in the throughput runs.")
 @click.option("--output-tokens", type=click.IntRange(min=2), default=256, show_default=True, help="Tokens generated per sequence (ignore_eos).")
 @click.option("--batch-sizes", default="1,8,32,64", show_default=True, callback=_batch_sizes, help="Comma-separated batch sizes of the throughput runs.")
-@click.option("--gate-prompts", type=click.IntRange(min=1), default=4, show_default=True, help="Prompts in the accuracy gate.")
+@click.option("--gate-prompts", type=click.IntRange(min=1), default=16, show_default=True, help="Prompts in the accuracy gate (16: enough decode rows for its top-1 bound).")
 @click.option("--gate-steps", type=click.IntRange(min=2), default=8, show_default=True, help="Decode steps compared per gate prompt.")
 @click.option("--peer/--no-peer", default=True, show_default=True, help="Measure transformers on the same weights.")
 @click.option("--peer-decode-tokens", type=click.IntRange(min=1), default=4, show_default=True, help="Timed peer decode steps.")
