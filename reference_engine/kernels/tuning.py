@@ -25,7 +25,8 @@ and block scales a step ahead, `moe_prefill_block_m_max` the routed experts' lar
 (`benchmarks/kernels/time_moe_prefill.py`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`);
 `moe_grouped_decode` the batch from which the decode MoE block runs grouped by expert, and its tiles
 (`benchmarks/kernels/time_moe_grouped.py`); `dequant_min_tokens` the prompt length from which the NVFP4 linears
-decode their weights once into bfloat16 and call cuBLAS (`benchmarks/kernels/time_dequant_gemm.py`);
+decode their weights once into bfloat16 and call cuBLAS (`benchmarks/kernels/time_dequant_gemm.py`), `dequant_cache`
+whether those copies are kept between prefills;
 `paged_min_tokens_per_split` and `paged_waves` the split plan of the paged decode attention
 (`benchmarks/kernels/time_paged_decode.py`).
 
@@ -109,6 +110,7 @@ class TuningFile(BaseModel):
     gemm_prefetch_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
     moe_prefill_block_m_max: Literal[16, 32, 64] | None = None  # the routed experts' prefill GEMMs: largest token block
     moe_prefill_gate_up_block_n: Literal[64, 128] | None = None  # their first launch: gate (and up) rows per program
+    dequant_cache: bool | None = None  # keep those bfloat16 copies between prefills (2.8 GB at the real size)
     dequant_min_tokens: int | None = Field(default=None, ge=65)  # prefill linears from this many tokens: bfloat16 weight copy + cuBLAS
     paged_min_tokens_per_split: int | None = Field(default=None, ge=16, le=1024)  # paged decode: tokens walked by one split at least
     paged_waves: int | None = Field(default=None, ge=1, le=64)  # paged decode: splits to fill the multiprocessors this many times
@@ -156,6 +158,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
             setattr(nvfp4_gemm, name, value)
     if tuning.dequant_min_tokens is not None:
         nvfp4_dequant.MIN_TOKENS = tuning.dequant_min_tokens
+    if tuning.dequant_cache is not None:
+        nvfp4_dequant.CACHE = tuning.dequant_cache
     for value, name in ((tuning.paged_min_tokens_per_split, "MIN_TOKENS_PER_SPLIT"), (tuning.paged_waves, "WAVES")):
         if value is not None:
             setattr(paged_decode, name, value)

@@ -59,6 +59,36 @@ nvfp4_dequant.MIN_TOKENS = 64
 few = torch.full((8, N), float("nan"), dtype=torch.bfloat16)  # 8 tokens: below MIN_TOKENS, the GEMV
 nvfp4_gemv.w4a16_linear(x[:8], packed, scale, scale_2, few)
 assert rel(few, w4a16_linear(x[:8], packed, scale, scale_2, torch.empty(8, N, dtype=torch.bfloat16))) < 5e-3
+
+# CACHE: the first call keeps the copy, the second reuses it (no dequantisation launch) with the same output; another
+# scale_2 object is another copy; a kept copy goes with its weight. Known wrong: a cache keyed by the packed codes
+# alone (a stacked linear's row scales swapped for a tensor scale would reuse the wrong copy) is caught by the output.
+launches = []
+real_launch = nvfp4_dequant.launch_dequant
+nvfp4_dequant.launch_dequant = lambda *a, **k: launches.append(1) or real_launch(*a, **k)
+nvfp4_dequant.CACHE = True
+plain = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+nvfp4_dequant.dequant_matmul(x, packed, scale, rows, plain)
+again = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+nvfp4_dequant.dequant_matmul(x, packed, scale, rows, again)
+assert len(launches) == 1 and torch.equal(plain, again), launches
+other = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+nvfp4_dequant.dequant_matmul(x, packed, scale, scale_2, other)  # the tensor scale: a second copy
+assert len(launches) == 2 and len(nvfp4_dequant._COPIES) == 2
+expected_other = torch.empty(M, N, dtype=torch.bfloat16)
+w4a16_linear(x, packed, scale, scale_2, expected_other)
+assert rel(other, expected_other) < 5e-3
+stale_key = dict(nvfp4_dequant._COPIES)
+key_rows = next(k for k, v in stale_key.items() if v[2] is rows)
+wrong = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+torch.mm(x, stale_key[key_rows][3].t(), out=wrong)  # the row-scale copy used for the tensor-scale call
+assert rel(wrong, expected_other) > 0.1, rel(wrong, expected_other)
+del packed, stale_key
+import gc
+gc.collect()
+assert len(nvfp4_dequant._COPIES) == 0, len(nvfp4_dequant._COPIES)
+nvfp4_dequant.CACHE = False
+nvfp4_dequant.launch_dequant = real_launch
 nvfp4_dequant.MIN_TOKENS = None
 print("ok")
 """
@@ -110,3 +140,33 @@ def test_dequant_linear_matches_the_torch_op_on_cuda(tokens, rows, columns, monk
     assert torch.isfinite(out).all()
     error = float((out.double() - expected.double()).norm() / expected.double().norm())
     assert error < 5e-3, error
+
+
+@pytest.mark.cuda
+def test_kept_copies_are_reused_and_skipped_in_capture_on_cuda(monkeypatch):
+    """With CACHE, a prefill linear reuses its weight's copy (outputs bit-identical to the uncached call); inside a
+    CUDA graph capture no copy is made (the call takes the uncached path and still matches)."""
+    from reference_engine.kernels import nvfp4_dequant
+    from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+    monkeypatch.setattr(nvfp4_dequant, "_COPIES", {})
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    packed, scale, scale_2 = quantize_nvfp4(torch.randn(2048, 4096, generator=generator, device="cuda") * 4096**-0.5)
+    x = torch.randn(512, 4096, generator=generator, device="cuda").bfloat16()
+    plain = torch.full((512, 2048), float("nan"), dtype=torch.bfloat16, device="cuda")
+    nvfp4_dequant.dequant_matmul(x, packed, scale, scale_2, plain)
+    monkeypatch.setattr(nvfp4_dequant, "CACHE", True)
+    captured = torch.full_like(plain, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    nvfp4_dequant.dequant_matmul(x, packed, scale, scale_2, captured)  # warm-up outside: makes the copy
+    nvfp4_dequant._COPIES.clear()
+    with torch.cuda.graph(graph):
+        nvfp4_dequant.dequant_matmul(x, packed, scale, scale_2, captured)
+    assert not nvfp4_dequant._COPIES
+    graph.replay()
+    torch.cuda.synchronize()
+    cached = [torch.full_like(plain, float("nan")) for _ in range(2)]
+    for out in cached:
+        nvfp4_dequant.dequant_matmul(x, packed, scale, scale_2, out)
+    assert len(nvfp4_dequant._COPIES) == 1
+    assert torch.equal(captured, plain) and torch.equal(cached[0], plain) and torch.equal(cached[1], plain)
