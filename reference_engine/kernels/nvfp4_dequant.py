@@ -89,24 +89,26 @@ def dequantize_nvfp4_into(weight_packed: torch.Tensor, weight_scale: torch.Tenso
 
 CACHE = False  # keep each weight's copy for the next prefill (the tuning file may set it; see `_cached_copy`)
 CACHE_HEADROOM_BYTES = 1 << 30  # a copy is kept only while this much device memory stays free after it
-_COPIES: dict[tuple[int, int, int, torch.dtype], tuple[weakref.ref, weakref.ref, object, torch.Tensor]] = {}
+_COPIES: dict[tuple[int, int, torch.dtype], tuple[weakref.ref, weakref.ref, object, torch.Tensor]] = {}
 
 
 def _cached_copy(weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2, dtype: torch.dtype) -> torch.Tensor | None:
     """The kept copy of this weight in `dtype`, made now if there is room; None when caching is off, during a CUDA
     graph capture with no copy yet (memory allocated there belongs to the graph), or when device memory is short.
-    Keyed by the identity of the three weight tensors (scale_2 may be a float): the model's weights never change in
-    place after loading. A copy is dropped with its packed tensor. At the real size the dense NVFP4 linears are about
-    1.4 G weights: 2.8 GB of bfloat16 copies."""
+    One copy per (codes, block scales, dtype), by identity: the model's weights never change in place after loading.
+    The copy holds its tensor scale(s) folded in, so it serves only the `scale_2` object it was made with (held, so its
+    id cannot be reused); another one replaces it. A copy is dropped with its packed tensor. At the real size the dense
+    NVFP4 linears are about 1.4 G weights: 2.8 GB of bfloat16 copies."""
     if not CACHE:
         return None
-    key = (id(weight_packed), id(weight_scale), id(scale_2), dtype)
-    entry = _COPIES.get(key)
+    key = (id(weight_packed), id(weight_scale), dtype)
+    entry = _COPIES.pop(key, None)
     if entry is not None:
         packed_ref, scale_ref, held_scale_2, copy = entry
         if packed_ref() is weight_packed and scale_ref() is weight_scale and held_scale_2 is scale_2:
+            _COPIES[key] = entry
             return copy
-        del _COPIES[key]  # an id reused by a new tensor
+        del copy, entry  # an id reused by a new tensor, or another scale_2: made again below
     device = weight_packed.device
     rows, cols = weight_packed.shape[0], 2 * weight_packed.shape[1]
     if device.type == "cuda":  # (on the CPU: the interpreter's tests)

@@ -61,8 +61,8 @@ nvfp4_gemv.w4a16_linear(x[:8], packed, scale, scale_2, few)
 assert rel(few, w4a16_linear(x[:8], packed, scale, scale_2, torch.empty(8, N, dtype=torch.bfloat16))) < 5e-3
 
 # CACHE: the first call keeps the copy, the second reuses it (no dequantisation launch) with the same output; another
-# scale_2 object is another copy; a kept copy goes with its weight. Known wrong: a cache keyed by the packed codes
-# alone (a stacked linear's row scales swapped for a tensor scale would reuse the wrong copy) is caught by the output.
+# scale_2 object replaces it (one copy per weight, right output); a kept copy goes with its weight. Known wrong: reusing
+# the copy made with the row scales for a call with the tensor scale is caught by the output.
 launches = []
 real_launch = nvfp4_dequant.launch_dequant
 nvfp4_dequant.launch_dequant = lambda *a, **k: launches.append(1) or real_launch(*a, **k)
@@ -72,18 +72,21 @@ nvfp4_dequant.dequant_matmul(x, packed, scale, rows, plain)
 again = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
 nvfp4_dequant.dequant_matmul(x, packed, scale, rows, again)
 assert len(launches) == 1 and torch.equal(plain, again), launches
+rows_copy = next(iter(nvfp4_dequant._COPIES.values()))[3]
 other = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-nvfp4_dequant.dequant_matmul(x, packed, scale, scale_2, other)  # the tensor scale: a second copy
-assert len(launches) == 2 and len(nvfp4_dequant._COPIES) == 2
+nvfp4_dequant.dequant_matmul(x, packed, scale, scale_2, other)  # the tensor scale: the copy is made again, replacing it
+assert len(launches) == 2 and len(nvfp4_dequant._COPIES) == 1
 expected_other = torch.empty(M, N, dtype=torch.bfloat16)
 w4a16_linear(x, packed, scale, scale_2, expected_other)
 assert rel(other, expected_other) < 5e-3
-stale_key = dict(nvfp4_dequant._COPIES)
-key_rows = next(k for k, v in stale_key.items() if v[2] is rows)
+for _ in range(3):  # a fresh scale_2 object each call: still one copy, right output
+    fresh = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    nvfp4_dequant.dequant_matmul(x, packed, scale, scale_2.clone(), fresh)
+    assert len(nvfp4_dequant._COPIES) == 1 and rel(fresh, expected_other) < 5e-3
 wrong = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
-torch.mm(x, stale_key[key_rows][3].t(), out=wrong)  # the row-scale copy used for the tensor-scale call
+torch.mm(x, rows_copy.t(), out=wrong)  # the row-scale copy used for the tensor-scale call
 assert rel(wrong, expected_other) > 0.1, rel(wrong, expected_other)
-del packed, stale_key
+del packed, rows_copy
 import gc
 gc.collect()
 assert len(nvfp4_dequant._COPIES) == 0, len(nvfp4_dequant._COPIES)
