@@ -25,7 +25,8 @@ sigmoid(gate logit) * shared(x_t) to the same float32 sum: the block's output co
 logits over `[E+1, H]`, routed rows and the shared expert's gate row, and the top-k in one kernel,
 `router.router_gemv_topk_with_shared`; then the two kernels here), in four above it (cuBLAS logits, then
 `router_topk_with_shared`). From `moe_grouped_decode.MIN_TOKENS` tokens the experts run grouped by expert on tensor
-cores instead (`moe_grouped_decode`), after the same router.
+cores instead (`moe_grouped_decode`), after the same router; in the batch range of `moe_grouped_half` (checked first)
+grouped by expert in packed float16 on CUDA cores.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels import moe_grouped_decode, router
+from reference_engine.kernels import moe_grouped_decode, moe_grouped_half, router
 from reference_engine.kernels.launch import (
     finish,
     interpreting,
@@ -456,6 +457,9 @@ def moe_block_decode(
     else:
         logits = torch.nn.functional.linear(x, router_weight)  # [T, E+1]
         router_topk_with_shared(logits, topk_weights, topk_ids, top_k)
+    if moe_grouped_half.runs(num_tokens, x.dtype):  # each expert decoded once per chunk of up to 4 of its tokens, CUDA cores
+        moe_grouped_half.half_grouped_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out, check_ids=False)
+        return
     if moe_grouped_decode.MIN_TOKENS is not None and num_tokens >= moe_grouped_decode.MIN_TOKENS:  # each expert decoded once per batch
         moe_grouped_decode.grouped_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out, check_ids=False)
         return

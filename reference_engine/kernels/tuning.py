@@ -24,7 +24,8 @@ and block scales a step ahead, `moe_prefill_block_m_max` the routed experts' lar
 `moe_prefill_gate_up_block_n` their gate/up rows per program
 (`benchmarks/kernels/time_moe_prefill.py`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`);
 `moe_grouped_decode` the batch from which the decode MoE block runs grouped by expert, and its tiles
-(`benchmarks/kernels/time_moe_grouped.py`); `dequant_min_tokens` the prompt length from which the NVFP4 linears
+(`benchmarks/kernels/time_moe_grouped.py`); `moe_grouped_half` the batch range grouped by expert in packed float16 on
+CUDA cores (checked first), and its tiles; `dequant_min_tokens` the prompt length from which the NVFP4 linears
 decode their weights once into bfloat16 and call cuBLAS (`benchmarks/kernels/time_dequant_gemm.py`), `dequant_cache`
 whether those copies are kept between prefills;
 `paged_min_tokens_per_split` and `paged_waves` the split plan of the paged decode attention
@@ -93,6 +94,19 @@ class MoeGroupedSettings(BaseModel):
     decode: int = Field(default=1, ge=0, le=1)
 
 
+class MoeGroupedHalfSettings(BaseModel):
+    """The batches the decode MoE block runs grouped by expert in packed float16 (`moe_grouped_half`), and the tiles."""
+
+    model_config = ConfigDict(extra="forbid")
+    min_tokens: int = Field(ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    gate_up_block_n: int = Field(default=32, ge=1, le=256)
+    gate_up_block_b: int = Field(default=8, ge=1, le=64)
+    down_block_n: int = Field(default=32, ge=1, le=256)
+    down_block_b: int = Field(default=8, ge=1, le=64)
+    num_warps: int = Field(default=4, ge=1, le=16)
+
+
 class TuningFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     device: str
@@ -116,6 +130,7 @@ class TuningFile(BaseModel):
     paged_waves: int | None = Field(default=None, ge=1, le=64)  # paged decode: splits to fill the multiprocessors this many times
     small_m_gemm: list[SmallGemmEntry] = []
     moe_grouped_decode: MoeGroupedSettings | None = None
+    moe_grouped_half: MoeGroupedHalfSettings | None = None
 
 
 def device_file(device_name: str) -> Path:
@@ -129,6 +144,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
         gdn_decode_step,
         moe_decode,
         moe_grouped_decode,
+        moe_grouped_half,
         nvfp4_dequant,
         nvfp4_gemm,
         nvfp4_gemv,
@@ -172,6 +188,10 @@ def apply_tuning(path: str | Path) -> TuningFile:
         settings = tuning.moe_grouped_decode.model_dump()
         moe_grouped_decode.MIN_TOKENS = settings.pop("min_tokens")
         moe_grouped_decode.PLAN = moe_grouped_decode.GroupedPlan(**settings)
+    if tuning.moe_grouped_half is not None:
+        settings = tuning.moe_grouped_half.model_dump()
+        moe_grouped_half.MIN_TOKENS, moe_grouped_half.MAX_TOKENS = settings.pop("min_tokens"), settings.pop("max_tokens")
+        moe_grouped_half.PLAN = moe_grouped_half.HalfGroupedPlan(**settings)
     if tuning.moe_decode_batch_one is not None:
         moe_decode.BATCH_ONE = tuple(tuning.moe_decode_batch_one.model_dump().values())
     return tuning

@@ -190,6 +190,40 @@ def grouped_first_tile_only(x, router_weight, experts, shared, top_k, out):
     _grouped_with_counts(lambda counts: counts.clamp_(max=moe_grouped_decode.PLAN.block_m), x, router_weight, experts, shared, top_k, out)
 
 
+def _half_grouped_with(fix_counts, chunk, x, router_weight, experts, shared, top_k, out):
+    """`moe_block_decode` grouped by expert in packed float16 (`moe_grouped_half`), with the group counts altered by
+    `fix_counts` and the shared expert's chunk size on the host set to `chunk` (the kernels still take 4 per chunk)."""
+    from reference_engine.kernels import moe_decode, moe_grouped_half
+
+    real = moe_grouped_half._groups, moe_grouped_half.CHUNK, moe_grouped_half.MIN_TOKENS, moe_grouped_half.MAX_TOKENS
+
+    def groups(ids, count, k):
+        counts, pairs = real[0](ids, count, k)
+        fix_counts(counts)
+        return counts, pairs
+
+    moe_grouped_half._groups, moe_grouped_half.CHUNK, moe_grouped_half.MIN_TOKENS, moe_grouped_half.MAX_TOKENS = groups, chunk, 1, None
+    try:
+        moe_decode.moe_block_decode(x, router_weight, experts, shared, top_k, out)
+    finally:
+        moe_grouped_half._groups, moe_grouped_half.CHUNK, moe_grouped_half.MIN_TOKENS, moe_grouped_half.MAX_TOKENS = real
+
+
+def half_grouped_first_pair_only(x, router_weight, experts, shared, top_k, out):
+    """The packed float16 grouped MoE decode applying each routed expert to its first pair only."""
+    _half_grouped_with(lambda counts: counts[1:].clamp_(max=1), 4, x, router_weight, experts, shared, top_k, out)
+
+
+def half_grouped_first_chunk_only(x, router_weight, experts, shared, top_k, out):
+    """The packed float16 grouped MoE decode without the loop over a busy expert's chunks (4 pairs at most)."""
+    _half_grouped_with(lambda counts: counts[1:].clamp_(max=4), 4, x, router_weight, experts, shared, top_k, out)
+
+
+def half_grouped_shared_chunks_short(x, router_weight, experts, shared, top_k, out):
+    """The packed float16 grouped MoE decode launching one shared-expert program per 8 tokens (each still takes 4)."""
+    _half_grouped_with(lambda counts: None, 8, x, router_weight, experts, shared, top_k, out)
+
+
 def dequant_high_nibble_first(weight_packed, weight_scale, weight_scale_2, out):
     """Element 2j from the high nibble (the other packing convention)."""
     from reference_engine.kernels import nvfp4_dequant

@@ -1,0 +1,161 @@
+"""The decode MoE block with the experts grouped by expert in packed float16 on CUDA cores (`moe_grouped_half`).
+
+Interpreter (one subprocess): the contract moe/moe-block-decode's bfloat16 CPU cases through the grouped path, and a
+known-wrong variant (each routed expert applied to its first pair only) that the contract's cases must reject; then a
+script against the torch op (float32 x) and the per-pair Triton kernels (the same bfloat16 x), with chunks of 1, 2, 3
+and 4 tokens, a busy expert of more than one chunk, a shared expert of several chunks with a short last one, repeated
+ids within a row, and act, y and outputs poisoned with NaN; two more known-wrong variants (first chunk only, too few
+shared-expert programs) must miss by far. CUDA: the real layer against the per-pair kernels at batch 8, 32 and 64.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_interpreter import assert_all_passed, assert_script_ok, interpreter_run
+
+CONTRACT = "moe/moe-block-decode"
+IMPL = "grouped_variants:moe_block_decode_half_grouped"
+CPU_CASES = ["small-bf16", "one-token-bf16", "every-expert-chosen-bf16", "router-without-shared-row", "top-k-zero"]
+WRONG = {"half_grouped_first_pair_only": ["small-bf16", "every-expert-chosen-bf16"]}
+
+SCRIPT = r"""
+import torch
+from reference_engine.kernels import moe_decode, moe_grouped_half as half
+from reference_engine.ops import static_moe
+from reference_engine.quant.nvfp4 import quantize_nvfp4
+import wrong_kernels
+
+g = torch.Generator().manual_seed(23)
+E, H, I, K = 6, 128, 64, 2
+def q(rows, cols, scale):
+    return quantize_nvfp4(torch.randn(rows, cols, generator=g) * scale)
+experts = moe_decode.stack_nvfp4_experts([q(I, H, 0.2) for _ in range(E)], [q(I, H, 0.3) for _ in range(E)], [q(H, I, 0.3) for _ in range(E)])
+shared = static_moe.SharedNvfp4Expert.concatenate(q(I, H, 0.2), q(I, H, 0.3), q(H, I, 0.3))
+half.POISON_SCRATCH = True  # act and y start as NaN: a pair the kernels skip cannot borrow an earlier call's memory
+
+def rel(out, expected):
+    assert torch.isfinite(out).all(), "unwritten (NaN) output"
+    return float((out.double() - expected.double()).norm() / expected.double().norm())
+
+def run(op, x, ids, w, **kwargs):
+    out = torch.full(x.shape, float("nan"), dtype=x.dtype)
+    op(x, w, ids, experts, shared, out, **kwargs)
+    return out
+
+# Group sizes: T=2 with ids (0, 1) / (0, 2): expert 0 two pairs (a chunk of 2), experts 1, 2 one each; T=3 all on
+# expert 3 (a chunk of 3) plus repeated ids; T=9 with expert 2 in every row (9 pairs: chunks 4, 4, 1) and a shared
+# expert of 3 chunks (4, 4, 1).
+cases = [
+    (torch.tensor([[0, 1], [0, 2]]), None),
+    (torch.tensor([[3, 3], [3, 4], [5, 1]]), None),
+    (torch.cat([torch.full((9, 1), 2), torch.randint(3, E, (9, 1), generator=g)], 1), None),
+]
+for ids, _ in cases:
+    T = ids.shape[0]
+    counts = torch.bincount(ids.flatten(), minlength=E).tolist()
+    ids = torch.cat([ids, torch.full((T, 1), E)], 1).int()
+    w = torch.rand(T, K + 1, generator=g) + 0.1
+    x = torch.randn(T, H, generator=g)
+    xb = x.bfloat16()
+    grouped = run(half.half_grouped_experts_with_shared, xb, ids, w)
+    torch_op = run(static_moe.nvfp4_experts_with_shared, xb.float(), ids, w)
+    per_pair = run(moe_decode.nvfp4_experts_with_shared, xb, ids, w)
+    to_torch, to_pair = rel(grouped, torch_op), rel(grouped, per_pair)
+    print(f"T={T} pairs per expert {counts}: grouped vs torch op (float32 x) {to_torch:.2e}, vs per-pair Triton {to_pair:.2e}")
+    assert to_torch < 1e-2, to_torch  # the activation and the output are rounded to bfloat16
+    assert to_pair < 1e-5, to_pair  # the same products and roundings; float32 sums in another order
+    other = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(gate_up_block_n=16, gate_up_block_b=2, down_block_n=64, down_block_b=4))
+    assert rel(other, grouped) < 1e-5, "another tile plan computes another function"
+
+try:
+    half.half_grouped_experts_with_shared(xb.float(), w, ids, experts, shared, torch.empty(xb.shape))
+    raise AssertionError("float32 x accepted")
+except ValueError as error:
+    print(f"float32 x refused: {error}")
+
+# The whole block (its router picks the ids) at 9 tokens: the known-wrong variants must miss by far.
+router_weight = (torch.randn(E + 1, H, generator=g) * 0.1).bfloat16()
+x = torch.randn(9, H, generator=g).bfloat16()
+expected = torch.full_like(x, float("nan"))
+static_moe.moe_block_decode(x, router_weight, experts, shared, K, expected)  # the torch op: the contract's reference
+for name in ("half_grouped_first_chunk_only", "half_grouped_shared_chunks_short", "half_grouped_first_pair_only"):
+    out = torch.full_like(x, float("nan"))
+    getattr(wrong_kernels, name)(x, router_weight, experts, shared, K, out)
+    unwritten = torch.isnan(out).any(dim=1)
+    error = float((torch.nan_to_num(out.float(), nan=1e3).double() - expected.double()).norm() / expected.double().norm())
+    print(f"wrong {name}: {error:.2e}, rows with an unwritten pair {unwritten.tolist()}")
+    assert error > 5e-2, (name, error)
+good = torch.full_like(x, float("nan"))
+half.MIN_TOKENS = 1
+moe_decode.moe_block_decode(x, router_weight, experts, shared, K, good)
+half.MIN_TOKENS = None
+print(f"right: {rel(good, expected):.2e}")
+assert rel(good, expected) < 1e-2
+print("ok")
+"""
+
+
+@pytest.fixture(scope="module")
+def run():
+    contracts = {CONTRACT: {IMPL: CPU_CASES} | {f"wrong_kernels:{name}": cases for name, cases in WRONG.items()}}
+    return interpreter_run(contracts, SCRIPT, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def records(run):
+    return {key.split("|", 1)[1]: value for key, value in run["records"].items()}
+
+
+def test_contract_cpu_cases_pass_through_the_half_grouped_path(records):
+    assert_all_passed(records[IMPL], CPU_CASES)
+
+
+@pytest.mark.parametrize("wrong", sorted(WRONG))
+def test_contract_catches_known_wrong_half_grouped_variant(records, wrong):
+    found = records[f"wrong_kernels:{wrong}"]
+    assert [r["case"] for r in found] == WRONG[wrong]
+    assert all(r["status"] == "INCORRECT_NUMERICAL" for r in found), [(r["case"], r["status"], r["message"]) for r in found]
+
+
+def test_half_grouped_matches_per_pair_and_torch_and_rejects_wrong_variants(run):
+    assert_script_ok(run)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [8, 32, 64])
+def test_half_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
+    """E=256, H=2048, I=512, top-8 + shared, bf16: grouped and per-pair (packed float16) outputs within float32 order."""
+    from reference_engine.kernels import moe_decode
+    from reference_engine.kernels import moe_grouped_half as half
+    from reference_engine.kernels.moe_decode import stack_nvfp4_experts
+    from reference_engine.ops.static_moe import SharedNvfp4Expert
+    from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+    generator = torch.Generator().manual_seed(tokens)
+    experts_count, hidden, inter, top_k = 256, 2048, 512, 8
+
+    def quantized(rows, cols):
+        return tuple(t.cuda() for t in quantize_nvfp4(torch.randn(rows, cols, generator=generator) * cols**-0.5))
+
+    experts = stack_nvfp4_experts([quantized(inter, hidden) for _ in range(experts_count)], [quantized(inter, hidden) for _ in range(experts_count)],
+                                  [quantized(hidden, inter) for _ in range(experts_count)])  # fmt: skip
+    shared = SharedNvfp4Expert.concatenate(quantized(inter, hidden), quantized(inter, hidden), quantized(hidden, inter))
+    x = torch.randn(tokens, hidden, generator=generator).bfloat16().cuda()
+    ids = torch.stack([torch.randperm(experts_count, generator=generator)[:top_k] for _ in range(tokens)])
+    ids[: tokens // 2, 0] = 7  # one busy expert: chunks of 4 and a short last one
+    ids = torch.cat([ids, torch.full((tokens, 1), experts_count)], 1).int().cuda()
+    weights = (torch.rand(tokens, top_k + 1, generator=generator) + 0.1).cuda()
+    saved = moe_decode.WORDS
+    moe_decode.WORDS = 2  # the per-pair packed float16 path: the same block products
+    try:
+        outs = []
+        for op in (moe_decode.nvfp4_experts_with_shared, half.half_grouped_experts_with_shared):
+            out = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+            op(x, weights, ids, experts, shared, out)
+            outs.append(out)
+    finally:
+        moe_decode.WORDS = saved
+    assert torch.isfinite(outs[1]).all()
+    error = float((outs[1].double() - outs[0].double()).norm() / outs[0].double().norm())
+    assert error < 1e-3, error
