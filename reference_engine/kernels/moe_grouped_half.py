@@ -37,7 +37,11 @@ from reference_engine.kernels.launch import interpreting, require_launchable
 from reference_engine.kernels.moe_grouped_decode import _groups
 from reference_engine.kernels.nvfp4_gemm import slot_sum
 from reference_engine.kernels.nvfp4_gemv import _e2m1_word_pair
-from reference_engine.kernels.nvfp4_half_dot import _PAIR_DECODE, _half_pair, _x_half_pairs
+from reference_engine.kernels.nvfp4_half_dot import (
+    _PAIR_DECODE,
+    _half_pair,
+    _x_half_pairs,
+)
 from reference_engine.ops.moe import _check_expert_range, _require
 from reference_engine.ops.static_moe import (
     SharedNvfp4Expert,

@@ -1,0 +1,116 @@
+"""Time the decode MoE block grouped by expert in packed float16 (`moe_grouped_half`) against the per-pair kernels and
+the tensor-core grouping (`moe_grouped_decode`).
+
+    PYTHONPATH=. python3 benchmarks/kernels/time_moe_grouped_half.py results.json [tuning-in.json tuning-out.json]
+
+The real layer (E=256, H=2048, I=512, top-8 plus the shared expert, NVFP4), four copies cycled inside a CUDA graph so
+each call streams its weights from HBM (`time_moe_decode.layer`; a random router, so routing is near uniform). For
+batch 2 to 64 the whole block (`moe_block_decode`: router, then the experts) with the committed path for that batch
+(per-pair kernels, or the tensor-core grouping from its `min_tokens`), with the per-pair kernels, and with the packed
+float16 grouping under each plan of `PLANS`; every output is checked against the torch op first (relative error
+< 1e-2, else the plan is skipped). `tuning-out.json`: `tuning-in.json` plus `moe_grouped_half` (the plan with the
+least total time over the batches where it beats the committed path, and the contiguous batch range measured where it
+does, covering the largest winning batch). No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from time_moe_decode import COPIES, TOP_K, H, layer
+from time_moe_grouped import time_block
+
+from reference_engine.kernels import moe_grouped_decode, moe_grouped_half
+from reference_engine.kernels.moe_grouped_half import HalfGroupedPlan
+from reference_engine.kernels.tuning import apply_for_device
+from reference_engine.ops import static_moe
+
+TOKENS = (2, 4, 8, 16, 32, 64)
+PLANS = {
+    "default 32x8": HalfGroupedPlan(),
+    "gate/up 16 rows": HalfGroupedPlan(gate_up_block_n=16),
+    "64 rows": HalfGroupedPlan(gate_up_block_n=64, down_block_n=64),
+    "K step 16 blocks": HalfGroupedPlan(gate_up_block_b=16, down_block_b=16),
+    "K step 4 blocks": HalfGroupedPlan(gate_up_block_b=4, down_block_b=4),
+    "down 16 rows": HalfGroupedPlan(down_block_n=16),
+    "2 warps": HalfGroupedPlan(num_warps=2),
+    "8 warps, 64 rows": HalfGroupedPlan(gate_up_block_n=64, down_block_n=64, num_warps=8),
+}
+
+
+def main(path: str, tuning_in: str | None, tuning_out: str | None) -> None:
+    torch.manual_seed(0)
+    apply_for_device(torch.cuda.get_device_name())  # the committed settings (per-pair tiles, router, tensor-core grouping)
+    committed_min = moe_grouped_decode.MIN_TOKENS
+    moe_grouped_half.MIN_TOKENS = None
+    layers = [layer() for _ in range(COPIES)]
+    records: list[dict] = []
+    committed: dict[int, float] = {}
+    half: dict[str, dict[int, float]] = {name: {} for name in PLANS}
+    for tokens in TOKENS:
+        xs = [torch.randn(tokens, H, device="cuda").bfloat16() for _ in range(COPIES)]
+        outs = [torch.empty(tokens, H, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        expected = torch.empty_like(outs[0])
+        experts, shared, router = layers[0]
+        static_moe.moe_block_decode(xs[0], router, experts, shared, TOP_K, out=expected)
+        moe_grouped_half.MIN_TOKENS = None
+        for label, grouped_min in (("per pair", None), ("tensor-core grouped", 1)):
+            moe_grouped_decode.MIN_TOKENS = grouped_min
+            us, error = time_block(tokens, layers, xs, outs, expected)
+            records.append({"tokens": tokens, "kernels": label, "us": us, "rel_error": error})
+            print(f"T={tokens:2d} {label:32s}: {us:7.1f} us (error {error:.1e})", flush=True)
+            is_committed = (grouped_min is None) == (committed_min is None or tokens < committed_min)
+            if is_committed:
+                committed[tokens] = us
+        moe_grouped_decode.MIN_TOKENS = committed_min
+        moe_grouped_half.MIN_TOKENS, moe_grouped_half.MAX_TOKENS = 1, None
+        for name, plan in PLANS.items():
+            moe_grouped_half.PLAN = plan
+            try:
+                us, error = time_block(tokens, layers, xs, outs, expected)
+            except Exception as failure:  # noqa: BLE001 - a plan that fails is recorded
+                us, error = float("nan"), float("nan")
+                print(f"T={tokens:2d} half {name}: {type(failure).__name__}: {str(failure)[:200]}", flush=True)
+            half[name][tokens] = us
+            records.append({"tokens": tokens, "kernels": "half grouped", "plan_name": name, "plan": vars(plan), "us": us, "rel_error": error,
+                            "committed_over_half": None if math.isnan(us) else committed[tokens] / us})  # fmt: skip
+            print(f"T={tokens:2d} half {name:27s}: {us:7.1f} us (error {error:.1e}, committed / half {committed[tokens] / us:.2f})", flush=True)
+        moe_grouped_half.MIN_TOKENS = None
+        Path(path).write_text(json.dumps(records, indent=1))
+    moe_grouped_half.PLAN = HalfGroupedPlan()
+
+    def total(name: str) -> float:
+        return sum(committed[t] if math.isnan(us) else min(us, committed[t]) for t, us in half[name].items())
+
+    best = min(PLANS, key=total)
+    wins = [t for t in TOKENS if half[best][t] < committed[t]]
+    summary: dict = {"best_plan": best, "wins_at": wins}
+    if wins:  # the contiguous run of measured batches ending at the largest win
+        high = max(wins)
+        low = high
+        for t in reversed([t for t in TOKENS if t <= high]):
+            if t not in wins:
+                break
+            low = t
+        summary |= {"min_tokens": low, "max_tokens": None if high == TOKENS[-1] else high}
+    print(f"best plan {best!r}: beats the committed path at {wins}; {summary}", flush=True)
+    records.append(summary)
+    Path(path).write_text(json.dumps(records, indent=1))
+    if tuning_in and tuning_out and wins:
+        tuning = json.loads(Path(tuning_in).read_text())
+        tuning["moe_grouped_half"] = {"min_tokens": summary["min_tokens"], "max_tokens": summary["max_tokens"], **vars(PLANS[best])}
+        Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
+        print(f"wrote {tuning_out}: moe_grouped_half {tuning['moe_grouped_half']}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (2, 4):
+        print(__doc__)
+        raise SystemExit(2)
+    main(sys.argv[1], *(sys.argv[2:4] if len(sys.argv) == 4 else (None, None)))
