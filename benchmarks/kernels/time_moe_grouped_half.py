@@ -1,14 +1,14 @@
 """Time the decode MoE block grouped by expert in packed float16 (`moe_grouped_half`) against the per-pair kernels and
 the tensor-core grouping (`moe_grouped_decode`).
 
-    PYTHONPATH=. python3 benchmarks/kernels/time_moe_grouped_half.py results.json [tuning-in.json tuning-out.json]
+    PYTHONPATH=. python3 benchmarks/kernels/time_moe_grouped_half.py results.json [--tuning IN OUT] [--tokens 32,64] [--plans NAME,...]
 
 The real layer (E=256, H=2048, I=512, top-8 plus the shared expert, NVFP4), four copies cycled inside a CUDA graph so
 each call streams its weights from HBM (`time_moe_decode.layer`; a random router, so routing is near uniform). For
 batch 2 to 64 the whole block (`moe_block_decode`: router, then the experts) with the committed path for that batch
 (per-pair kernels, or the tensor-core grouping from its `min_tokens`), with the per-pair kernels, and with the packed
-float16 grouping under each plan of `PLANS`; every output is checked against the torch op first (relative error
-< 1e-2, else the plan is skipped). `tuning-out.json`: `tuning-in.json` plus `moe_grouped_half` (the plan with the
+float16 grouping under each plan of `PLANS` (`--tokens` / `--plans`: a subset); every output is checked against the torch op first (relative error
+< 1e-2, else the plan is skipped). `--tuning IN OUT` writes OUT: IN plus `moe_grouped_half` (the plan with the
 least total time over the batches where it beats the committed path, and the contiguous batch range measured where it
 does, covering the largest winning batch). No speed is asserted.
 """
@@ -32,19 +32,21 @@ from reference_engine.kernels.tuning import apply_for_device
 from reference_engine.ops import static_moe
 
 TOKENS = (2, 4, 8, 16, 32, 64)
-PLANS = {
-    "default 32x8": HalfGroupedPlan(),
-    "gate/up 16 rows": HalfGroupedPlan(gate_up_block_n=16),
-    "64 rows": HalfGroupedPlan(gate_up_block_n=64, down_block_n=64),
-    "K step 16 blocks": HalfGroupedPlan(gate_up_block_b=16, down_block_b=16),
-    "K step 4 blocks": HalfGroupedPlan(gate_up_block_b=4, down_block_b=4),
-    "down 16 rows": HalfGroupedPlan(down_block_n=16),
-    "2 warps": HalfGroupedPlan(num_warps=2),
-    "8 warps, 64 rows": HalfGroupedPlan(gate_up_block_n=64, down_block_n=64, num_warps=8),
+PLANS = {  # run30 named them "default 32x8", "gate/up 16 rows", "64 rows", ... in this order
+    "default": HalfGroupedPlan(),
+    "gate_up_16_rows": HalfGroupedPlan(gate_up_block_n=16),
+    "rows_64": HalfGroupedPlan(gate_up_block_n=64, down_block_n=64),
+    "k_step_16": HalfGroupedPlan(gate_up_block_b=16, down_block_b=16),
+    "k_step_4": HalfGroupedPlan(gate_up_block_b=4, down_block_b=4),
+    "down_16_rows": HalfGroupedPlan(down_block_n=16),
+    "warps_2": HalfGroupedPlan(num_warps=2),
+    "warps_8_rows_64": HalfGroupedPlan(gate_up_block_n=64, down_block_n=64, num_warps=8),
+    "gate_up_16_k_step_4": HalfGroupedPlan(gate_up_block_n=16, gate_up_block_b=4, down_block_b=4),
+    "gate_up_16_down_64": HalfGroupedPlan(gate_up_block_n=16, down_block_n=64),
 }
 
 
-def main(path: str, tuning_in: str | None, tuning_out: str | None) -> None:
+def main(path: str, tuning_in: str | None, tuning_out: str | None, tokens_list: tuple[int, ...] = TOKENS, plans: dict[str, HalfGroupedPlan] = PLANS) -> None:
     torch.manual_seed(0)
     apply_for_device(torch.cuda.get_device_name())  # the committed settings (per-pair tiles, router, tensor-core grouping)
     committed_min = moe_grouped_decode.MIN_TOKENS
@@ -52,8 +54,8 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None) -> None:
     layers = [layer() for _ in range(COPIES)]
     records: list[dict] = []
     committed: dict[int, float] = {}
-    half: dict[str, dict[int, float]] = {name: {} for name in PLANS}
-    for tokens in TOKENS:
+    half: dict[str, dict[int, float]] = {name: {} for name in plans}
+    for tokens in tokens_list:
         xs = [torch.randn(tokens, H, device="cuda").bfloat16() for _ in range(COPIES)]
         outs = [torch.empty(tokens, H, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
         expected = torch.empty_like(outs[0])
@@ -70,7 +72,7 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None) -> None:
                 committed[tokens] = us
         moe_grouped_decode.MIN_TOKENS = committed_min
         moe_grouped_half.MIN_TOKENS, moe_grouped_half.MAX_TOKENS = 1, None
-        for name, plan in PLANS.items():
+        for name, plan in plans.items():
             moe_grouped_half.PLAN = plan
             try:
                 us, error = time_block(tokens, layers, xs, outs, expected)
@@ -88,29 +90,35 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None) -> None:
     def total(name: str) -> float:
         return sum(committed[t] if math.isnan(us) else min(us, committed[t]) for t, us in half[name].items())
 
-    best = min(PLANS, key=total)
-    wins = [t for t in TOKENS if half[best][t] < committed[t]]
+    best = min(plans, key=total)
+    wins = [t for t in tokens_list if half[best][t] < committed[t]]
     summary: dict = {"best_plan": best, "wins_at": wins}
     if wins:  # the contiguous run of measured batches ending at the largest win
         high = max(wins)
         low = high
-        for t in reversed([t for t in TOKENS if t <= high]):
+        for t in reversed([t for t in tokens_list if t <= high]):
             if t not in wins:
                 break
             low = t
-        summary |= {"min_tokens": low, "max_tokens": None if high == TOKENS[-1] else high}
+        summary |= {"min_tokens": low, "max_tokens": None if high == max(tokens_list) else high}
     print(f"best plan {best!r}: beats the committed path at {wins}; {summary}", flush=True)
     records.append(summary)
     Path(path).write_text(json.dumps(records, indent=1))
     if tuning_in and tuning_out and wins:
         tuning = json.loads(Path(tuning_in).read_text())
-        tuning["moe_grouped_half"] = {"min_tokens": summary["min_tokens"], "max_tokens": summary["max_tokens"], **vars(PLANS[best])}
+        tuning["moe_grouped_half"] = {"min_tokens": summary["min_tokens"], "max_tokens": summary["max_tokens"], **vars(plans[best])}
         Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
         print(f"wrote {tuning_out}: moe_grouped_half {tuning['moe_grouped_half']}")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 4):
-        print(__doc__)
-        raise SystemExit(2)
-    main(sys.argv[1], *(sys.argv[2:4] if len(sys.argv) == 4 else (None, None)))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results")
+    parser.add_argument("--tuning", nargs=2, metavar=("IN", "OUT"))
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="batch sizes, comma-separated")
+    parser.add_argument("--plans", default=",".join(PLANS), help=f"plan names, comma-separated, of: {', '.join(PLANS)}")
+    args = parser.parse_args()
+    chosen = {name: PLANS[name] for name in args.plans.split(",")}
+    main(args.results, *(args.tuning or (None, None)), tuple(int(t) for t in args.tokens.split(",")), chosen)
