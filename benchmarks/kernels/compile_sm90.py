@@ -70,11 +70,12 @@ def configs():
     yield "moe gate_up half shared", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16", "shared_w_ptr": "*i64", "shared_scale_ptr": "*fp8e4nv", "shared_scale_2_ptr": "*fp32"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 32, "BLOCK_K": 64, "SHARED": True, "LOOP": 3, "DECODE": 3}
     half_grouped = {"counts_ptr": "*i32", "pairs_ptr": "*i32", "P": I32, "T": I32, "w_ptr": "*i64", "s_ptr": "*fp8e4nv", "s2_ptr": "*fp32",
                     "shared_w_ptr": "*i64", "shared_s_ptr": "*fp8e4nv", "shared_s2_ptr": "*fp32"}  # fmt: skip
-    for rows, blocks, warps in ((32, 8, 4), (64, 16, 8)):
-        yield f"moe half grouped gate_up {rows}x{blocks}", moe_grouped_half._gate_up_kernel, half_grouped | {"x32_ptr": "*i32", "act_ptr": "*bf16"}, {
-            "I": 512, "H_WORDS": 1024, "K_BLOCKS": 128, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": blocks, "ASM": True, "num_warps": warps}
-        yield f"moe half grouped down {rows}x{blocks}", moe_grouped_half._down_kernel, half_grouped | {"act32_ptr": "*i32", "weights_ptr": "*fp32", "y_ptr": "*fp32"}, {
-            "H": 2048, "I_WORDS": 256, "K_BLOCKS": 32, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": min(blocks, 32), "ASM": True, "num_warps": warps}
+    for rows, blocks, warps, pairs in ((32, 8, 4, 0), (64, 16, 8, 0), (32, 4, 4, 1)):
+        yield f"moe half grouped gate_up {rows}x{blocks} pairs={pairs}", moe_grouped_half._gate_up_kernel, half_grouped | {"x32_ptr": "*i32", "act_ptr": "*i32" if pairs else "*bf16"}, {
+            "I": 512, "H_WORDS": 1024, "K_BLOCKS": 128, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": blocks, "ASM": True, "PAIRS": pairs, "num_warps": warps}
+        yield f"moe half grouped down {rows}x{blocks} pairs={pairs}", moe_grouped_half._down_kernel, half_grouped | {"act32_ptr": "*i32", "weights_ptr": "*fp32", "y_ptr": "*fp32"}, {
+            "H": 2048, "I_WORDS": 256, "K_BLOCKS": 32, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": min(blocks, 32), "ASM": True, "PAIRS": pairs, "num_warps": warps}
+    yield "moe half grouped x pairs", moe_grouped_half._pairs_kernel, {"x32_ptr": "*i32", "out_ptr": "*i32"}, {"WORDS": 1024, "K_BLOCKS": 128, "BLOCK_B": 32, "ASM": True}
     yield "dense gemv", dense_gemv._dense_gemv_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "N": I32, "stride_xm": I32, "stride_om": I32}, {"K": 2048, "TOKENS": 1, "BLOCK_N": 2, "BLOCK_K": 2048}
     yield "router logits + top-k", router._router_gemv_topk_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "counter_ptr": "*i32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32}, {"H": 2048, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "BLOCK_R": 4, "BLOCK_H": 512, "ROW_BLOCKS": 65}
     yield "router", router._router_topk_kernel, {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32, "stride_t": I32}, {"TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8}

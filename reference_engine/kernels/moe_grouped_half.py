@@ -51,6 +51,7 @@ from reference_engine.ops.static_moe import (
 )
 
 CHUNK = 4  # the most tokens one program applies a decoded tile to
+PAIRS_BLOCK_B = 32  # scale blocks per program of the x conversion (`_pairs_kernel`)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class HalfGroupedPlan:
     down_block_n: int = 32  # output rows per program
     down_block_b: int = 8
     num_warps: int = 4
+    pairs: int = 0  # 1: x and the activation are converted once into float16 pairs in the block dot's order (one launch for x;
+    # the gate/up kernel writes the activation so), 0: each program converts the bfloat16 words it reads
 
 
 PLAN = HalfGroupedPlan()
@@ -149,16 +152,55 @@ def _token_dot(c0, c1, c2, c3, c4, c5, c6, c7, x0, x1, x2, x3, x4, x5, x6, x7, B
 
 
 @triton.jit
-def _token_sums(row32_ptr, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr):
-    """The decoded tile against the token whose bfloat16 row starts at `row32_ptr` (int32 words): float32 [BN, BB]."""
-    x0, x1, x2, x3, x4, x5, x6, x7 = _x_half_pairs(row32_ptr, cols, ok, ASM)
+def _loaded_pairs(pairs_ptr, blocks, ok):
+    """The 8 float16x2 x pairs of scale blocks `blocks` [BB] from a row already in pair order (`_pairs_kernel`)."""
+    base = pairs_ptr + blocks * 8
+    x0 = tl.load(base + 0, mask=ok, other=0)
+    x1 = tl.load(base + 1, mask=ok, other=0)
+    x2 = tl.load(base + 2, mask=ok, other=0)
+    x3 = tl.load(base + 3, mask=ok, other=0)
+    x4 = tl.load(base + 4, mask=ok, other=0)
+    x5 = tl.load(base + 5, mask=ok, other=0)
+    x6 = tl.load(base + 6, mask=ok, other=0)
+    x7 = tl.load(base + 7, mask=ok, other=0)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _token_sums(row32_ptr, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr):
+    """The decoded tile against the token whose row starts at `row32_ptr` (int32 words: bfloat16 pairs, or with PAIRS
+    float16 pairs in the block dot's order): float32 [BN, BB]."""
+    if PAIRS:
+        x0, x1, x2, x3, x4, x5, x6, x7 = _loaded_pairs(row32_ptr, cols, ok)
+    else:
+        x0, x1, x2, x3, x4, x5, x6, x7 = _x_half_pairs(row32_ptr, cols, ok, ASM)
     return _token_dot(c0, c1, c2, c3, c4, c5, c6, c7, x0, x1, x2, x3, x4, x5, x6, x7, BN, BB, ASM)
+
+
+@triton.jit
+def _pairs_kernel(x32_ptr, out_ptr, WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr, ASM: tl.constexpr):
+    """Grid (T, cdiv(K_BLOCKS, BLOCK_B)): bfloat16 rows (int32 words, WORDS per row) -> the same rows as float16 pairs
+    in the block dot's order (per 16-element block: (x[j], x[j + 4]) for j = 0..3, then the same 8 further)."""
+    row = tl.program_id(0).to(tl.int64) * WORDS
+    blocks = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
+    ok = blocks < K_BLOCKS
+    x0, x1, x2, x3, x4, x5, x6, x7 = _x_half_pairs(x32_ptr + row, blocks, ok, ASM)
+    base = out_ptr + row + blocks * 8
+    tl.store(base + 0, x0, mask=ok)
+    tl.store(base + 1, x1, mask=ok)
+    tl.store(base + 2, x2, mask=ok)
+    tl.store(base + 3, x3, mask=ok)
+    tl.store(base + 4, x4, mask=ok)
+    tl.store(base + 5, x5, mask=ok)
+    tl.store(base + 6, x6, mask=ok)
+    tl.store(base + 7, x7, mask=ok)
 
 
 @triton.jit
 def _gate_up_chunk(
     x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr,
     I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, TC: tl.constexpr, ASM: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     """Gate and up rows `gate_rows` [BN] (int64, up rows I further) against TC tokens t0.. (pairs p0.., the first n real):
     act[p_i, rows] = silu(gate) * up."""
@@ -181,48 +223,59 @@ def _gate_up_chunk(
         a0, a1, a2, a3, a4, a5, a6, a7 = _decoded(tl.load(blocks_ptr + gate_offsets, mask=tile_ok, other=0), ASM)
         b0, b1, b2, b3, b4, b5, b6, b7 = _decoded(tl.load(blocks_ptr + up_offsets, mask=tile_ok, other=0), ASM)
         row = x32_ptr + t0 * H_WORDS
-        g0 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM) * gate_scale
-        u0 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM) * up_scale
+        g0 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS) * gate_scale
+        u0 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS) * up_scale
         if TC >= 2:
             row = x32_ptr + t1 * H_WORDS
-            g1 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM) * gate_scale
-            u1 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM) * up_scale
+            g1 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS) * gate_scale
+            u1 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS) * up_scale
         if TC >= 4:
             row = x32_ptr + t2 * H_WORDS
-            g2 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM) * gate_scale
-            u2 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM) * up_scale
+            g2 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS) * gate_scale
+            u2 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS) * up_scale
             row = x32_ptr + t3 * H_WORDS
-            g3 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM) * gate_scale
-            u3 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM) * up_scale
-    row_ok = rows < I
-    _store_act(act_ptr, p0, rows, row_ok, g0, u0, gate_s2, up_s2, I)
+            g3 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS) * gate_scale
+            u3 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS) * up_scale
+    _store_act(act_ptr, p0, rows, n > 0, g0, u0, gate_s2, up_s2, I, BN, ASM, PAIRS)
     if TC >= 2:
-        _store_act(act_ptr, p1, rows, row_ok & (n > 1), g1, u1, gate_s2, up_s2, I)
+        _store_act(act_ptr, p1, rows, n > 1, g1, u1, gate_s2, up_s2, I, BN, ASM, PAIRS)
     if TC >= 4:
-        _store_act(act_ptr, p2, rows, row_ok & (n > 2), g2, u2, gate_s2, up_s2, I)
-        _store_act(act_ptr, p3, rows, row_ok & (n > 3), g3, u3, gate_s2, up_s2, I)
+        _store_act(act_ptr, p2, rows, n > 2, g2, u2, gate_s2, up_s2, I, BN, ASM, PAIRS)
+        _store_act(act_ptr, p3, rows, n > 3, g3, u3, gate_s2, up_s2, I, BN, ASM, PAIRS)
 
 
 @triton.jit
-def _store_act(act_ptr, pair, rows, mask, gate_acc, up_acc, gate_s2, up_s2, I: tl.constexpr):
+def _store_act(act_ptr, pair, rows, valid, gate_acc, up_acc, gate_s2, up_s2, I: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr):
+    """act = silu(gate) * up for rows `rows` [BN] (consecutive, from a multiple of BN) of pair `pair` (stored if `valid`):
+    bfloat16 at act[pair, rows], or with PAIRS rounded to bfloat16 (nearest even) and stored as float16 pairs in the
+    block dot's order, int32 act[pair, rows / 2]."""
     gate = tl.sum(gate_acc, axis=1) * gate_s2
     up = tl.sum(up_acc, axis=1) * up_s2
     act = gate * tl.sigmoid(gate) * up
-    tl.store(act_ptr + pair.to(tl.int64) * I + rows, act.to(act_ptr.dtype.element_ty), mask=mask)
+    if PAIRS:
+        bits = act.to(tl.int32, bitcast=True)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)  # bfloat16, round to nearest even
+        lo, hi = tl.split(tl.permute(tl.reshape(rounded, (BN // 8, 2, 4)), (0, 2, 1)))  # [BN/8 words, 4]: elements 8w + j, 8w + 4 + j
+        packed = _half_pair(lo, hi, ASM)
+        words = tl.program_id(1) * (BN // 8) + tl.arange(0, BN // 8)
+        offsets = words[:, None] * 4 + tl.arange(0, 4)[None, :]
+        tl.store(act_ptr + pair.to(tl.int64) * (I // 2) + offsets, packed, mask=valid & (words < I // 8)[:, None])
+    else:
+        tl.store(act_ptr + pair.to(tl.int64) * I + rows, act.to(act_ptr.dtype.element_ty), mask=valid & (rows < I))
 
 
 @triton.jit
 def _gate_up_chunks(
     x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr,
-    I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr,
+    I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """One chunk of n (1..4) tokens, with the products for 1, 2 or 4 of them."""
     if n == 1:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 1, ASM)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS)
     elif n == 2:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 2, ASM)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS)
     else:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 4, ASM)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS)
 
 
 @triton.jit
@@ -251,7 +304,7 @@ def _shared_chunk_pairs(chunk, T, SLOTS: tl.constexpr):
 def _gate_up_kernel(
     x32_ptr, counts_ptr, pairs_ptr, P, T, w_ptr, s_ptr, s2_ptr, shared_w_ptr, shared_s_ptr, shared_s2_ptr, act_ptr,
     I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, SLOTS: tl.constexpr, SHARED_CHUNKS: tl.constexpr,
-    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr,
+    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -261,7 +314,7 @@ def _gate_up_kernel(
         gate_s2 = tl.load(shared_s2_ptr) * 16.0
         up_s2 = tl.load(shared_s2_ptr + 1) * 16.0
         _gate_up_chunks(x32_ptr, p0 // SLOTS, p1 // SLOTS, p2 // SLOTS, p3 // SLOTS, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows,
-                        gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM)  # fmt: skip
+                        gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS)  # fmt: skip
     else:
         group = pid - SHARED_CHUNKS + 1  # group lists: 0 the shared expert (unused here), 1 + e expert e
         count = tl.load(counts_ptr + group)
@@ -275,7 +328,7 @@ def _gate_up_kernel(
             n = tl.minimum(count - m0, 4)
             p0, p1, p2, p3 = _chunk_pairs(group_pairs, m0, n)
             _gate_up_chunks(x32_ptr, p0 // SLOTS, p1 // SLOTS, p2 // SLOTS, p3 // SLOTS, p0, p1, p2, p3, n, w_ptr, s_ptr, gate_rows, rows,
-                            gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM)  # fmt: skip
+                            gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS)  # fmt: skip
             m0 += 4
 
 
@@ -283,6 +336,7 @@ def _gate_up_kernel(
 def _down_chunk(
     act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr,
     H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, TC: tl.constexpr, ASM: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     """Down rows `down_rows` [BN] (int64) against the activations of TC pairs p0..: y[p_i, rows] = weight * (rows @ act)."""
     a0 = tl.zeros((BN, BB), dtype=tl.float32)
@@ -296,12 +350,12 @@ def _down_chunk(
         offsets = down_rows[:, None] * K_BLOCKS + cols[None, :]
         scale = tl.load(scale_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
         c0, c1, c2, c3, c4, c5, c6, c7 = _decoded(tl.load(blocks_ptr + offsets, mask=tile_ok, other=0), ASM)
-        a0 += _token_sums(act32_ptr + p0.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM) * scale
+        a0 += _token_sums(act32_ptr + p0.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS) * scale
         if TC >= 2:
-            a1 += _token_sums(act32_ptr + p1.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM) * scale
+            a1 += _token_sums(act32_ptr + p1.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS) * scale
         if TC >= 4:
-            a2 += _token_sums(act32_ptr + p2.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM) * scale
-            a3 += _token_sums(act32_ptr + p3.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM) * scale
+            a2 += _token_sums(act32_ptr + p2.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS) * scale
+            a3 += _token_sums(act32_ptr + p3.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS) * scale
     row_ok = rows < H
     _store_y(y_ptr, weights_ptr, p0, rows, row_ok, a0, s2, H)
     if TC >= 2:
@@ -320,21 +374,21 @@ def _store_y(y_ptr, weights_ptr, pair, rows, mask, acc, s2, H: tl.constexpr):
 @triton.jit
 def _down_chunks(
     act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr,
-    H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr,
+    H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr,
 ):
     if n == 1:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 1, ASM)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS)
     elif n == 2:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 2, ASM)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS)
     else:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 4, ASM)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS)
 
 
 @triton.jit
 def _down_kernel(
     act32_ptr, weights_ptr, counts_ptr, pairs_ptr, P, T, w_ptr, s_ptr, s2_ptr, shared_w_ptr, shared_s_ptr, shared_s2_ptr, y_ptr,
     H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, SLOTS: tl.constexpr, SHARED_CHUNKS: tl.constexpr,
-    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr,
+    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -342,7 +396,7 @@ def _down_kernel(
     if pid < SHARED_CHUNKS:
         n, p0, p1, p2, p3 = _shared_chunk_pairs(pid, T, SLOTS)
         s2 = tl.load(shared_s2_ptr) * 16.0
-        _down_chunks(act32_ptr, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM)
+        _down_chunks(act32_ptr, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS)
     else:
         group = pid - SHARED_CHUNKS + 1
         count = tl.load(counts_ptr + group)
@@ -354,7 +408,7 @@ def _down_kernel(
         while m0 < count:
             n = tl.minimum(count - m0, 4)
             p0, p1, p2, p3 = _chunk_pairs(group_pairs, m0, n)
-            _down_chunks(act32_ptr, p0, p1, p2, p3, n, w_ptr, s_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM)
+            _down_chunks(act32_ptr, p0, p1, p2, p3, n, w_ptr, s_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS)
             m0 += 4
 
 
@@ -407,16 +461,23 @@ def half_grouped_experts_with_shared(
     asm = not interpreting()
     shared_chunks = triton.cdiv(tokens, CHUNK)
     grid_groups = shared_chunks + num_experts
-    act_dtype = torch.bfloat16 if asm else torch.float32  # the interpreter truncates float32 -> bf16; torch rounds
-    act = _scratch((pairs, inter), act_dtype, x.device)
+    x32 = x.contiguous().view(torch.int32)
     block_n = min(p.gate_up_block_n, triton.next_power_of_2(inter))
+    if p.pairs:  # x once into float16 pairs; the gate/up kernel writes the activation in the same form
+        _require(block_n % 8 == 0, f"pairs 1 needs gate/up rows per program in multiples of 8, got {block_n}")
+        source = torch.empty_like(x32)
+        _pairs_kernel[(tokens, triton.cdiv(hidden // 16, PAIRS_BLOCK_B))](x32, source, WORDS=hidden // 2, K_BLOCKS=hidden // 16, BLOCK_B=PAIRS_BLOCK_B, ASM=asm)
+        act = torch.full((pairs, inter // 2), 0x7E007E00, dtype=torch.int32, device=x.device) if POISON_SCRATCH else torch.empty(pairs, inter // 2, dtype=torch.int32, device=x.device)
+    else:
+        source = x32
+        act = _scratch((pairs, inter), torch.bfloat16 if asm else torch.float32, x.device)  # the interpreter truncates float32 -> bf16; torch rounds
     _gate_up_kernel[(grid_groups, triton.cdiv(inter, block_n))](
-        x.contiguous().view(torch.int32), counts, group_pairs, pairs, tokens,
+        source, counts, group_pairs, pairs, tokens,
         gu_packed.view(torch.int64), gu_scale, gu_scale_2, s_gu_packed.view(torch.int64), s_gu_scale, s_gu_scale_2, act,
         I=inter, H_WORDS=hidden // 2, K_BLOCKS=hidden // 16, SLOTS=slots, SHARED_CHUNKS=shared_chunks,
-        BN=block_n, BB=_steps(p.gate_up_block_b, hidden // 16), ASM=asm, num_warps=p.num_warps,
+        BN=block_n, BB=_steps(p.gate_up_block_b, hidden // 16), ASM=asm, PAIRS=p.pairs, num_warps=p.num_warps,
     )
-    if not asm:
+    if act.dtype == torch.float32:
         act = act.to(torch.bfloat16)
     y = _scratch((pairs, hidden), torch.float32, x.device)  # [P, H] weighted expert outputs
     block_n = min(p.down_block_n, triton.next_power_of_2(hidden))
@@ -424,6 +485,6 @@ def half_grouped_experts_with_shared(
         act.view(torch.int32), topk_weights.contiguous(), counts, group_pairs, pairs, tokens,
         down_packed.view(torch.int64), down_scale, down_scale_2, s_down_packed.view(torch.int64), s_down_scale, s_down_scale_2, y,
         H=hidden, I_WORDS=inter // 2, K_BLOCKS=inter // 16, SLOTS=slots, SHARED_CHUNKS=shared_chunks,
-        BN=block_n, BB=_steps(p.down_block_b, inter // 16), ASM=asm, num_warps=p.num_warps,
+        BN=block_n, BB=_steps(p.down_block_b, inter // 16), ASM=asm, PAIRS=p.pairs, num_warps=p.num_warps,
     )
     slot_sum(y, out, slots)

@@ -105,6 +105,7 @@ class MoeGroupedHalfSettings(BaseModel):
     down_block_n: int = Field(default=32, ge=1, le=256)
     down_block_b: int = Field(default=8, ge=1, le=64)
     num_warps: int = Field(default=4, ge=1, le=16)
+    pairs: int = Field(default=0, ge=0, le=1)  # x and the activation converted once into float16 pairs
 
 
 class TuningFile(BaseModel):

@@ -4,7 +4,8 @@ Interpreter (one subprocess): the contract moe/moe-block-decode's bfloat16 CPU c
 known-wrong variant (each routed expert applied to its first pair only) that the contract's cases must reject; then a
 script against the torch op (float32 x) and the per-pair Triton kernels (the same bfloat16 x), with chunks of 1, 2, 3
 and 4 tokens, a busy expert of more than one chunk, a shared expert of several chunks with a short last one, repeated
-ids within a row, and act, y and outputs poisoned with NaN; two more known-wrong variants (first chunk only, too few
+ids within a row, act, y and outputs poisoned with NaN, and x and the activation converted once into float16 pairs
+(plan `pairs` 1) giving the same bits; two more known-wrong variants (first chunk only, too few
 shared-expert programs) must miss by far. CUDA: the real layer against the per-pair kernels at batch 8, 32 and 64.
 """
 
@@ -67,6 +68,10 @@ for ids, _ in cases:
     assert to_pair < 1e-5, to_pair  # the same products and roundings; float32 sums in another order
     other = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(gate_up_block_n=16, gate_up_block_b=2, down_block_n=64, down_block_b=4))
     assert rel(other, grouped) < 1e-5, "another tile plan computes another function"
+    converted = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(pairs=1))
+    assert torch.equal(converted, grouped), "x and act converted once (pairs 1) differ from the conversion per program"
+    converted = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(pairs=1, gate_up_block_n=8, gate_up_block_b=2))
+    assert rel(converted, grouped) < 1e-5, "pairs 1 with 8 gate/up rows per program"
 
 try:
     half.half_grouped_experts_with_shared(xb.float(), w, ids, experts, shared, torch.empty(xb.shape))
@@ -150,12 +155,14 @@ def test_half_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
     moe_decode.WORDS = 2  # the per-pair packed float16 path: the same block products
     try:
         outs = []
-        for op in (moe_decode.nvfp4_experts_with_shared, half.half_grouped_experts_with_shared):
+        for op, plan in ((moe_decode.nvfp4_experts_with_shared, None), (half.half_grouped_experts_with_shared, half.HalfGroupedPlan()),
+                         (half.half_grouped_experts_with_shared, half.HalfGroupedPlan(pairs=1))):  # fmt: skip
             out = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
-            op(x, weights, ids, experts, shared, out)
+            op(x, weights, ids, experts, shared, out, **({} if plan is None else {"plan": plan}))
             outs.append(out)
     finally:
         moe_decode.WORDS = saved
     assert torch.isfinite(outs[1]).all()
     error = float((outs[1].double() - outs[0].double()).norm() / outs[0].double().norm())
     assert error < 1e-3, error
+    assert torch.equal(outs[2], outs[1]), "x and act converted once (pairs 1) give other bits than the conversion per program"
