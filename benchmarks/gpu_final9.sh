@@ -3,7 +3,7 @@
 # to 0); `kernels/time_moe_grouped_half.py` at batch 8 to 64 with x and the activation converted once into float16 pairs
 # (plan `pairs` 1) against the committed plan, writing $OUT/$NAME-tuning.json only when a plan lowers the committed
 # total; then the full bench (peer included) with that file. Usage:
-#   NAME=run32 COMMIT=<sha> bash benchmarks/gpu_final9.sh      (writes under $OUT)
+#   NAME=run32 COMMIT=<sha> bash benchmarks/gpu_final9.sh      (writes under $OUT; BENCH=0: no bench)
 set -u
 OUT="${OUT:-/tmp/f9-out}"; NAME="${NAME:-f9}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
@@ -15,6 +15,7 @@ timeout "${TIME_S:-140}" python3 benchmarks/kernels/time_moe_grouped_half.py "$O
   --tokens "${TOKENS:-8,16,32,64}" --plans "${PLANS:-k_step_4,pairs,k_step_4_pairs,k_step_16_pairs}" > "$OUT/$NAME-moe-half.log" 2>&1
 echo "time_moe_grouped_half rc=$?"; grep -v "^$" "$OUT/$NAME-moe-half.log" | tail -n 30
 [ -f "$OUT/$NAME-tuning.json" ] && cp "$OUT/$NAME-tuning.json" "$TUNED"
+[ "${BENCH:-1}" = 0 ] && exit 0
 timeout "${BENCH_S:-370}" python3 -m toolbox.cli engine bench --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" > "$OUT/$NAME-bench.log" 2>&1
 echo "bench rc=$? (1: gate failed, 124: out of time)"; grep -v "^\s*$" "$OUT/$NAME-bench.log" | tail -n 4
 [ -f "$OUT/$NAME.md" ] && grep -E "^\| (TTFT|TPOT|output)|accuracy gate|ceilings|Peer|Total over|Batch-1" "$OUT/$NAME.md" | cut -c1-420
