@@ -47,6 +47,10 @@ PLANS = {  # run30 named them "default 32x8", "gate/up 16 rows", "64 rows", ... 
     "k_step_4_pairs": HalfGroupedPlan(gate_up_block_b=4, down_block_b=4, pairs=1),
     "k_step_16_pairs": HalfGroupedPlan(gate_up_block_b=16, down_block_b=16, pairs=1),
     "rows_64_pairs": HalfGroupedPlan(gate_up_block_n=64, down_block_n=64, pairs=1),
+    "k_step_2_pairs": HalfGroupedPlan(gate_up_block_b=2, down_block_b=2, pairs=1),
+    "gate_up_16_k_step_4_pairs": HalfGroupedPlan(gate_up_block_n=16, gate_up_block_b=4, down_block_b=4, pairs=1),
+    "down_64_k_step_4_pairs": HalfGroupedPlan(gate_up_block_b=4, down_block_n=64, down_block_b=4, pairs=1),
+    "gate_up_k_step_8_pairs": HalfGroupedPlan(gate_up_block_b=8, down_block_b=4, pairs=1),
 }
 
 
