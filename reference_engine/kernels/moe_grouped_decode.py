@@ -74,10 +74,26 @@ MIN_TOKENS: int | None = None  # `moe_decode.moe_block_decode` runs these kernel
 POISON_SCRATCH = False  # tests: fill act and y with NaN first, so a pair the kernels never write shows up in the output
 
 
-def _scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    if POISON_SCRATCH:
+def _scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device, poison: bool | None = None) -> torch.Tensor:
+    """Scratch the kernels fill; NaN first when `poison` (default: this module's `POISON_SCRATCH`)."""
+    if POISON_SCRATCH if poison is None else poison:
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+def grouped_inputs(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: StackedNvfp4Experts, shared: SharedNvfp4Expert,
+    out: torch.Tensor, check_ids: bool,
+) -> tuple[int, int, int, int, list[torch.Tensor], list[torch.Tensor]]:
+    """The checks every grouped path makes: shapes, one launchable device, expert ids in range (unless `check_ids` is
+    False or a graph is being captured). Returns (T, H, top_k, I, routed tensors, shared tensors), contiguous."""
+    tokens, hidden, top_k, inter = check_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out)
+    routed = [t.contiguous() for t in vars(experts).values()]
+    shared_tensors = [t.contiguous() for t in vars(shared).values()]
+    require_launchable(x, topk_weights, topk_ids, out, *routed, *shared_tensors)
+    if check_ids and not capturing(x):
+        _check_expert_range(topk_ids[:, :top_k], experts.num_experts)
+    return tokens, hidden, top_k, inter, routed, shared_tensors
 
 
 @triton.jit
@@ -216,12 +232,7 @@ def grouped_experts_with_shared(
     `ops.static_moe.nvfp4_experts_with_shared`. `plan`: tiles other than the module's `PLAN` (benchmarks, tests).
     `check_ids=False` skips the expert-id range check (a host sync; ids from the router are in range by
     construction). An id out of range would match no group: its slot would add nothing."""
-    tokens, hidden, top_k, inter = check_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out)
-    routed = [t.contiguous() for t in vars(experts).values()]
-    shared_tensors = [t.contiguous() for t in vars(shared).values()]
-    require_launchable(x, topk_weights, topk_ids, out, *routed, *shared_tensors)
-    if check_ids and not capturing(x):
-        _check_expert_range(topk_ids[:, :top_k], experts.num_experts)
+    tokens, hidden, top_k, inter, routed, shared_tensors = grouped_inputs(x, topk_weights, topk_ids, experts, shared, out, check_ids)
     if tokens == 0:
         return
     p = plan if plan is not None else PLAN

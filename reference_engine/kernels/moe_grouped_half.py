@@ -37,21 +37,24 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import interpreting, require_launchable
-from reference_engine.kernels.moe_grouped_decode import _groups
+from reference_engine.kernels.launch import interpreting
+from reference_engine.kernels.moe_grouped_decode import (
+    _groups,
+    _scratch,
+    grouped_inputs,
+)
 from reference_engine.kernels.nvfp4_gemm import slot_sum
 from reference_engine.kernels.nvfp4_gemv import _e2m1_word_pair
 from reference_engine.kernels.nvfp4_half_dot import (
     _PAIR_DECODE,
+    _block_words,
     _half_pair,
     _x_half_pairs,
 )
-from reference_engine.ops.moe import _check_expert_range, _require
+from reference_engine.ops.moe import _require
 from reference_engine.ops.static_moe import (
     SharedNvfp4Expert,
     StackedNvfp4Experts,
-    capturing,
-    check_experts_with_shared,
 )
 
 CHUNK = 4  # the most tokens one program applies a decoded tile to
@@ -156,26 +159,11 @@ def _token_dot(c0, c1, c2, c3, c4, c5, c6, c7, x0, x1, x2, x3, x4, x5, x6, x7, B
 
 
 @triton.jit
-def _loaded_pairs(pairs_ptr, blocks, ok):
-    """The 8 float16x2 x pairs of scale blocks `blocks` [BB] from a row already in pair order (`_pairs_kernel`)."""
-    base = pairs_ptr + blocks * 8
-    x0 = tl.load(base + 0, mask=ok, other=0)
-    x1 = tl.load(base + 1, mask=ok, other=0)
-    x2 = tl.load(base + 2, mask=ok, other=0)
-    x3 = tl.load(base + 3, mask=ok, other=0)
-    x4 = tl.load(base + 4, mask=ok, other=0)
-    x5 = tl.load(base + 5, mask=ok, other=0)
-    x6 = tl.load(base + 6, mask=ok, other=0)
-    x7 = tl.load(base + 7, mask=ok, other=0)
-    return x0, x1, x2, x3, x4, x5, x6, x7
-
-
-@triton.jit
 def _token_sums(row32_ptr, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr):
     """The decoded tile against the token whose row starts at `row32_ptr` (int32 words: bfloat16 pairs, or with PAIRS
     float16 pairs in the block dot's order): float32 [BN, BB]."""
     if PAIRS:
-        x0, x1, x2, x3, x4, x5, x6, x7 = _loaded_pairs(row32_ptr, cols, ok)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _block_words(row32_ptr, cols, ok)  # already pairs (`_pairs_kernel`)
     else:
         x0, x1, x2, x3, x4, x5, x6, x7 = _x_half_pairs(row32_ptr, cols, ok, ASM)
     return _token_dot(c0, c1, c2, c3, c4, c5, c6, c7, x0, x1, x2, x3, x4, x5, x6, x7, BN, BB, ASM)
@@ -219,7 +207,7 @@ def _gate_up_chunk(
     for block0 in range(0, K_BLOCKS, BB):
         cols = block0 + tl.arange(0, BB)
         ok = cols < K_BLOCKS
-        tile_ok = ok[None, :] & (gate_rows >= 0)[:, None]
+        tile_ok = ok[None, :]  # rows are clamped in range; only the last K step can run past a row
         gate_offsets = gate_rows[:, None] * K_BLOCKS + cols[None, :]
         up_offsets = gate_offsets + I * K_BLOCKS
         gate_scale = tl.load(scale_ptr + gate_offsets, mask=tile_ok, other=0.0).to(tl.float32)
@@ -350,7 +338,7 @@ def _down_chunk(
     for block0 in range(0, K_BLOCKS, BB):
         cols = block0 + tl.arange(0, BB)
         ok = cols < K_BLOCKS
-        tile_ok = ok[None, :] & (down_rows >= 0)[:, None]
+        tile_ok = ok[None, :]  # rows are clamped in range
         offsets = down_rows[:, None] * K_BLOCKS + cols[None, :]
         scale = tl.load(scale_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
         c0, c1, c2, c3, c4, c5, c6, c7 = _decoded(tl.load(blocks_ptr + offsets, mask=tile_ok, other=0), ASM)
@@ -416,12 +404,6 @@ def _down_kernel(
             m0 += 4
 
 
-def _scratch(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    if POISON_SCRATCH:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    return torch.empty(shape, dtype=dtype, device=device)
-
-
 def _steps(block_b: int, k_blocks: int) -> int:
     """Scale blocks per K step: the plan's, no more than a row holds."""
     return max(1, min(block_b, triton.next_power_of_2(k_blocks)))
@@ -447,13 +429,8 @@ def half_grouped_experts_with_shared(
     """Routed experts plus the weighted shared expert (module docstring); the signature of
     `ops.static_moe.nvfp4_experts_with_shared`, bfloat16 x only. `plan`: tiles other than `PLAN`.
     `check_ids=False` skips the expert-id range check (a host sync; the router's ids are in range)."""
-    tokens, hidden, top_k, inter = check_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out)
     _require(x.dtype == torch.bfloat16, f"the packed float16 grouped experts take bfloat16 x, got {x.dtype}")
-    routed = [t.contiguous() for t in vars(experts).values()]
-    shared_tensors = [t.contiguous() for t in vars(shared).values()]
-    require_launchable(x, topk_weights, topk_ids, out, *routed, *shared_tensors)
-    if check_ids and not capturing(x):
-        _check_expert_range(topk_ids[:, :top_k], experts.num_experts)
+    tokens, hidden, top_k, inter, routed, shared_tensors = grouped_inputs(x, topk_weights, topk_ids, experts, shared, out, check_ids)
     if tokens == 0:
         return
     p = plan if plan is not None else PLAN
@@ -474,7 +451,7 @@ def half_grouped_experts_with_shared(
         act = torch.full((pairs, inter // 2), 0x7E007E00, dtype=torch.int32, device=x.device) if POISON_SCRATCH else torch.empty(pairs, inter // 2, dtype=torch.int32, device=x.device)
     else:
         source = x32
-        act = _scratch((pairs, inter), torch.bfloat16 if asm else torch.float32, x.device)  # the interpreter truncates float32 -> bf16; torch rounds
+        act = _scratch((pairs, inter), torch.bfloat16 if asm else torch.float32, x.device, POISON_SCRATCH)  # the interpreter truncates float32 -> bf16; torch rounds
     _gate_up_kernel[(grid_groups, triton.cdiv(inter, block_n))](
         source, counts, group_pairs, pairs, tokens,
         gu_packed.view(torch.int64), gu_scale, gu_scale_2, s_gu_packed.view(torch.int64), s_gu_scale, s_gu_scale_2, act,
@@ -483,7 +460,7 @@ def half_grouped_experts_with_shared(
     )
     if act.dtype == torch.float32:
         act = act.to(torch.bfloat16)
-    y = _scratch((pairs, hidden), torch.float32, x.device)  # [P, H] weighted expert outputs
+    y = _scratch((pairs, hidden), torch.float32, x.device, POISON_SCRATCH)  # [P, H] weighted expert outputs
     block_n = min(p.down_block_n, triton.next_power_of_2(hidden))
     _down_kernel[(grid_groups, triton.cdiv(hidden, block_n))](
         act.view(torch.int32), topk_weights.contiguous(), counts, group_pairs, pairs, tokens,

@@ -81,10 +81,9 @@ def _bf16_high(words):
 
 
 @triton.jit
-def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr):
-    """x read as int32 (bfloat16 pairs), at scale blocks `blocks` [BB] (16 elements each) -> the 8 float16x2
-    pairs the block dot takes: word 0's (x[16b + j], x[16b + j + 4]) for j = 0..3, then word 1's (+8)."""
-    base = x32_ptr + blocks * 8
+def _block_words(words_ptr, blocks, ok):
+    """The 8 int32 words of each scale block `blocks` [BB] (16 16-bit elements per block) of a row read as int32."""
+    base = words_ptr + blocks * 8
     x0 = tl.load(base + 0, mask=ok, other=0)
     x1 = tl.load(base + 1, mask=ok, other=0)
     x2 = tl.load(base + 2, mask=ok, other=0)
@@ -93,6 +92,14 @@ def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr):
     x5 = tl.load(base + 5, mask=ok, other=0)
     x6 = tl.load(base + 6, mask=ok, other=0)
     x7 = tl.load(base + 7, mask=ok, other=0)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr):
+    """x read as int32 (bfloat16 pairs), at scale blocks `blocks` [BB] (16 elements each) -> the 8 float16x2
+    pairs the block dot takes: word 0's (x[16b + j], x[16b + j + 4]) for j = 0..3, then word 1's (+8)."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _block_words(x32_ptr, blocks, ok)
     p0 = _half_pair(_bf16_low(x0), _bf16_low(x2), ASM)  # elements 0, 4
     p1 = _half_pair(_bf16_high(x0), _bf16_high(x2), ASM)  # 1, 5
     p2 = _half_pair(_bf16_low(x1), _bf16_low(x3), ASM)  # 2, 6

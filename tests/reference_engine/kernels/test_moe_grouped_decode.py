@@ -118,28 +118,15 @@ def test_grouped_matches_per_pair_and_torch_and_rejects_wrong_variants(run):
 @pytest.mark.parametrize("tokens", [8, 32, 64])
 def test_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
     """E=256, H=2048, I=512, top-8 + shared, bf16: grouped and per-pair outputs within float32 summation order."""
+    from real_moe_layer import HIDDEN, real_decode_inputs
+
     from reference_engine.kernels import moe_decode
     from reference_engine.kernels import moe_grouped_decode as grouped
-    from reference_engine.kernels.moe_decode import stack_nvfp4_experts
-    from reference_engine.ops.static_moe import SharedNvfp4Expert
-    from reference_engine.quant.nvfp4 import quantize_nvfp4
 
-    generator = torch.Generator().manual_seed(tokens)
-    experts_count, hidden, inter, top_k = 256, 2048, 512, 8
-
-    def quantized(rows, cols):
-        return tuple(t.cuda() for t in quantize_nvfp4(torch.randn(rows, cols, generator=generator) * cols**-0.5))
-
-    experts = stack_nvfp4_experts([quantized(inter, hidden) for _ in range(experts_count)], [quantized(inter, hidden) for _ in range(experts_count)],
-                                  [quantized(hidden, inter) for _ in range(experts_count)])  # fmt: skip
-    shared = SharedNvfp4Expert.concatenate(quantized(inter, hidden), quantized(inter, hidden), quantized(hidden, inter))
-    x = torch.randn(tokens, hidden, generator=generator).bfloat16().cuda()
-    ids = torch.stack([torch.randperm(experts_count, generator=generator)[:top_k] for _ in range(tokens)])
-    ids = torch.cat([ids, torch.full((tokens, 1), experts_count)], 1).int().cuda()
-    weights = (torch.rand(tokens, top_k + 1, generator=generator) + 0.1).cuda()
+    experts, shared, x, ids, weights = real_decode_inputs(tokens)
     outs = []
     for op in (moe_decode.nvfp4_experts_with_shared, grouped.grouped_experts_with_shared):
-        out = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+        out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
         op(x, weights, ids, experts, shared, out)
         outs.append(out)
     assert torch.isfinite(outs[1]).all()

@@ -597,18 +597,13 @@ def test_word_decode_in_ptx_is_bit_identical_on_cuda(tokens, rows, columns, monk
 
 @pytest.mark.cuda
 def test_word_decode_moe_is_bit_identical_on_cuda(monkeypatch):
+    from real_moe_layer import cuda_experts
+
     from reference_engine.kernels import nvfp4_gemm
-    from reference_engine.kernels.moe_decode import stack_nvfp4_experts
-    from reference_engine.quant.nvfp4 import quantize_nvfp4
 
     generator = torch.Generator().manual_seed(11)
     experts_count, hidden, inter, top_k, tokens = 16, 2048, 512, 8, 300
-
-    def quantized(rows, cols):
-        return tuple(t.cuda() for t in quantize_nvfp4(torch.randn(rows, cols, generator=generator) * cols**-0.5))
-
-    experts = stack_nvfp4_experts([quantized(inter, hidden) for _ in range(experts_count)], [quantized(inter, hidden) for _ in range(experts_count)],
-                                  [quantized(hidden, inter) for _ in range(experts_count)])  # fmt: skip
+    experts = cuda_experts(experts_count, hidden, inter, generator)
     x = torch.randn(tokens, hidden, generator=generator).to(torch.bfloat16).cuda()
     ids = torch.stack([torch.randperm(experts_count, generator=generator)[:top_k] for _ in range(tokens)]).int().cuda()
     weights = torch.softmax(torch.randn(tokens, top_k, generator=generator), -1).cuda()
@@ -621,16 +616,13 @@ def test_prefetch_matches_the_plain_loop_on_cuda(block_m_max, monkeypatch):
     """The one-step-ahead loads on the GPU against the plain loop, for a prefill linear, a split-K decode-batch linear
     and the routed experts: the same values up to summation order (run26 on the H200: linears and 16-token MoE blocks
     on mma.sync differ in the last bits, relative 2e-4), and the same bits for the MoE on wgmma (64-token blocks)."""
+    from real_moe_layer import cuda_experts, cuda_quantized
+
     from reference_engine.kernels import nvfp4_gemm
-    from reference_engine.kernels.moe_decode import stack_nvfp4_experts
-    from reference_engine.quant.nvfp4 import quantize_nvfp4
 
     monkeypatch.setattr(nvfp4_gemm, "DECODE", 1)
     monkeypatch.setattr(nvfp4_gemm, "MOE_BLOCK_M_MAX", block_m_max)
     generator = torch.Generator().manual_seed(17)
-
-    def quantized(rows, cols):
-        return tuple(t.cuda() for t in quantize_nvfp4(torch.randn(rows, cols, generator=generator) * cols**-0.5))
 
     def both(run, shape, name, identical=False):
         outs = []
@@ -643,12 +635,11 @@ def test_prefetch_matches_the_plain_loop_on_cuda(block_m_max, monkeypatch):
         assert torch.equal(outs[0], outs[1]) or not identical, name
 
     for tokens, rows, columns in ((300, 2048, 4096), (32, 12288, 2048)):
-        packed, scale, scale_2 = quantized(rows, columns)
+        packed, scale, scale_2 = cuda_quantized(rows, columns, generator)
         x = torch.randn(tokens, columns, generator=generator).to(torch.bfloat16).cuda()
         both(lambda out, x=x, w=(packed, scale, scale_2): nvfp4_gemm.w4a16_gemm(x, *w, out), (tokens, rows), "PREFETCH_LINEAR")
     experts_count, hidden, inter, top_k, tokens = 32, 2048, 512, 8, 512
-    experts = stack_nvfp4_experts([quantized(inter, hidden) for _ in range(experts_count)], [quantized(inter, hidden) for _ in range(experts_count)],
-                                  [quantized(hidden, inter) for _ in range(experts_count)])  # fmt: skip
+    experts = cuda_experts(experts_count, hidden, inter, generator)
     x = torch.randn(tokens, hidden, generator=generator).to(torch.bfloat16).cuda()
     ids = torch.stack([torch.randperm(experts_count, generator=generator)[:top_k] for _ in range(tokens)]).int().cuda()
     weights = torch.softmax(torch.randn(tokens, top_k, generator=generator), -1).cuda()
