@@ -1,17 +1,19 @@
-"""Time the NVFP4 tensor-core GEMMs with and without the one-step-ahead loads (`GemmPlan.prefetch`), and the routed
-experts' token block; write the winners into a tuning file.
+"""Time the NVFP4 tensor-core GEMMs with the weight tile as the dot's second operand (swap 0) and as its first
+(swap 1: wgmma reads the decoded tile from registers, the tokens are the dot's N), and the routed experts' token
+block; write the winners into a tuning file.
 
     PYTHONPATH=. python3 benchmarks/kernels/time_moe_prefill.py results.json [tuning-in.json tuning-out.json]
 
 Routed experts (`nvfp4_moe_prefill`, 256 experts, H 2048, I 512, top-8, routing from random logits) at 1024
 tokens: the committed plan, then each variant in `moe_variants`. Linears (`w4a16_gemm`): the decode batches' tiles
 (8, 32 and 64 tokens at the stacked decode shapes, `small_m_gemm` from the tuning file) and prefill at 128 tokens
-(below `dequant_min_tokens`), each with prefetch 0 and 1. Weights of the linears are cycled over copies that
+(below `dequant_min_tokens`), each with swap 0 and 1. Weights of the linears are cycled over copies that
 together exceed the 60 MB L2, inside a CUDA graph (`time_gemm_tiles.weights`); the experts are 400 MB.
-Every variant's output is compared with the committed plan's (prefetch alone must be bit-identical; another token
-block may differ by summation order, relative error < 1e-2, else it is skipped). `tuning-out.json`: tuning-in plus
-`gemm_prefetch_moe`, `moe_prefill_block_m_max`, `moe_prefill_gate_up_block_n` (from the 1024-token time) and `gemm_prefetch_linear` (summed
-over the linear shapes), each changed only for a gain of 2% or more. No speed is asserted.
+Every variant's output is compared with the committed plan's (another operand order or token block may differ by
+summation order: relative error < 1e-2, else it is skipped). `tuning-out.json`: tuning-in plus `gemm_swap_moe`,
+`moe_prefill_block_m_max`, `moe_prefill_gate_up_block_n` (from the 1024-token time) and `gemm_swap_linear` (summed
+over the linear shapes), each changed only for a gain of 2% or more. No speed is asserted. (run26 and run27 timed
+the one-step-ahead loads, `gemm_prefetch_*`, with this script: `benchmarks/NOTES.md`.)
 """
 
 from __future__ import annotations
@@ -60,19 +62,20 @@ def with_fields(p: GemmPlan, **fields) -> GemmPlan:
 
 def moe_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
     """label -> (gate/up plan, down plan); 'committed' first (the module's plans as the tuning file set them), then
-    every combination the tuning keys express: prefetch 0/1, largest token block 16/32/64, gate/up rows 64/128."""
+    every combination of the operand order (swap 0/1), the largest token block (16/32/64) and the gate/up rows (64/128),
+    with the committed prefetch setting (run26: prefetch 1 measured faster)."""
     pairs = tokens * TOP_K
     base_a, base_b = plan("moe_gate_up", pairs, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", pairs, HIDDEN, INTER, num_experts=EXPERTS)
     found = {"committed": (base_a, base_b)}
     mean_group = -(-pairs // EXPERTS)
-    for prefetch in (0, 1):
+    for swap in (0, 1):
         for block_m_max in (16, 32, 64):
             block_m = max(16, min(block_m_max, 1 << (2 * mean_group - 1).bit_length()))  # as `plan` with the cap
             warps = 8 if block_m >= 64 else 4
             for rows in (64, 128):
-                a = with_fields(base_a, block_m=block_m, num_warps=warps, block_n=rows, prefetch=prefetch)
-                b = with_fields(base_b, block_m=block_m, num_warps=warps, prefetch=prefetch)
-                found[f"prefetch {prefetch} block_m_max {block_m_max} rows {rows}"] = (a, b)
+                a = with_fields(base_a, block_m=block_m, num_warps=warps, block_n=rows, swap=swap)
+                b = with_fields(base_b, block_m=block_m, num_warps=warps, swap=swap)
+                found[f"swap {swap} block_m_max {block_m_max} rows {rows}"] = (a, b)
     return found
 
 
@@ -118,7 +121,7 @@ def time_moe(records: list, experts) -> dict[str, float]:
 
 
 def time_linears(records: list) -> dict[int, float]:
-    """Summed microseconds over `LINEAR_SHAPES` x `LINEAR_TOKENS` per prefetch setting."""
+    """Summed microseconds over `LINEAR_SHAPES` x `LINEAR_TOKENS` per operand order (swap 0/1, committed prefetch)."""
     totals = {0: 0.0, 1: 0.0}
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     x_all = torch.randn(max(LINEAR_TOKENS), 4096, device="cuda").bfloat16()
@@ -128,12 +131,12 @@ def time_linears(records: list) -> dict[int, float]:
             x = x_all[:tokens, :k].contiguous()
             base = plan("linear", tokens, rows, k, sm)
             outs = {}
-            for prefetch in (0, 1):
-                us, error = time_linear(x, made, with_fields(base, prefetch=prefetch))
-                totals[prefetch] += us
-                outs[prefetch] = us
-                records.append({"part": "linear", "tokens": tokens, "rows": rows, "k": k, "prefetch": prefetch, "us": us, "rel_error": error, "plan": vars(base)})
-            print(f"linear {tokens:4d} x {rows:5d} x {k}: prefetch 0 {outs[0]:7.1f} us, 1 {outs[1]:7.1f} us", flush=True)
+            for swap in (0, 1):
+                us, error = time_linear(x, made, with_fields(base, swap=swap))
+                totals[swap] += us
+                outs[swap] = us
+                records.append({"part": "linear", "tokens": tokens, "rows": rows, "k": k, "swap": swap, "us": us, "rel_error": error, "plan": vars(base)})
+            print(f"linear {tokens:4d} x {rows:5d} x {k}: swap 0 {outs[0]:7.1f} us, 1 {outs[1]:7.1f} us", flush=True)
         del made
     return totals
 
@@ -148,18 +151,18 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None) -> None:
     linears = time_linears(records)
     best = min((label for label in moe if moe[label] == moe[label]), key=moe.get)
     print(f"moe at 1024 tokens: committed {moe['committed']:.1f} us, best {best!r} {moe[best]:.1f} us", flush=True)
-    print(f"linears summed: prefetch 0 {linears[0]:.1f} us, prefetch 1 {linears[1]:.1f} us", flush=True)
+    print(f"linears summed: swap 0 {linears[0]:.1f} us, swap 1 {linears[1]:.1f} us", flush=True)
     Path(path).write_text(json.dumps({"records": records, "moe_1024": moe, "linears": linears}, indent=1))
     if tuning_in and tuning_out:
         tuning = json.loads(Path(tuning_in).read_text())
         pick = min((label for label in moe if label != "committed" and moe[label] == moe[label]), key=moe.get)
         if moe[pick] <= GAIN * moe["committed"]:
-            _, prefetch, _, block_m_max, _, rows = pick.split()
-            tuning |= {"gemm_prefetch_moe": int(prefetch), "moe_prefill_block_m_max": int(block_m_max), "moe_prefill_gate_up_block_n": int(rows)}
+            _, swap, _, block_m_max, _, rows = pick.split()
+            tuning |= {"gemm_swap_moe": int(swap), "moe_prefill_block_m_max": int(block_m_max), "moe_prefill_gate_up_block_n": int(rows)}
         if linears[1] <= GAIN * linears[0]:
-            tuning["gemm_prefetch_linear"] = 1
+            tuning["gemm_swap_linear"] = 1
         Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
-        print("tuning:", {key: tuning.get(key) for key in ("gemm_prefetch_moe", "moe_prefill_block_m_max", "moe_prefill_gate_up_block_n", "gemm_prefetch_linear")}, flush=True)
+        print("tuning:", {key: tuning.get(key) for key in ("gemm_swap_moe", "moe_prefill_block_m_max", "moe_prefill_gate_up_block_n", "gemm_swap_linear")}, flush=True)
 
 
 if __name__ == "__main__":

@@ -92,11 +92,14 @@ class GemmPlan:
     split_k: int = 1  # K slices reduced in the kernel (last ticket of a tile sums them in order)
     decode: int = -1  # weight decode: 0 bytes, 1 int32 words (see `_weight_tile_words`); -1: the module's `DECODE`
     prefetch: int = -1  # 1: the next K step's x tile and block scales loaded a step ahead; -1: the module's `PREFETCH_*`
+    swap: int = -1  # 1: the weight tile is the dot's first operand (`_mma`); -1: the module's `SWAP_*`
 
 
 DECODE = 0  # the weight decode of every plan that does not name one (the tuning file may set 1)
 PREFETCH_LINEAR = 0  # `prefetch` of the linears' plans that do not name one (the tuning file may set 1)
 PREFETCH_MOE = 0  # the same for the routed experts' two launches
+SWAP_LINEAR = 0  # `swap` of the linears' plans that do not name one (the tuning file may set 1)
+SWAP_MOE = 0  # the same for the routed experts' two launches
 
 
 def _decode(p: GemmPlan) -> int:
@@ -107,6 +110,12 @@ def _prefetch(p: GemmPlan, moe: bool) -> int:
     if p.prefetch >= 0:
         return p.prefetch
     return PREFETCH_MOE if moe else PREFETCH_LINEAR
+
+
+def _swap(p: GemmPlan, moe: bool) -> int:
+    if p.swap >= 0:
+        return p.swap
+    return SWAP_MOE if moe else SWAP_LINEAR
 
 
 def _packed_operand(packed: torch.Tensor, decode: int) -> torch.Tensor:
@@ -205,6 +214,35 @@ def _dot(a, b, acc, DOT_KIND: tl.constexpr):
     else:
         result = tl.dot(a, b, acc)
     return result
+
+
+@triton.jit
+def _mma(x, w, acc, DOT_KIND: tl.constexpr, SWAP: tl.constexpr):
+    """acc + x [BM, BK] @ w [BN, BK]^T; SWAP: acc [BN, BM] + w @ x^T instead (the decoded weight tile is the
+    first operand, which wgmma reads from registers, and the tokens are the dot's N: see `_acc`)."""
+    if SWAP:
+        result = _dot(w, tl.trans(x), acc, DOT_KIND)
+    else:
+        result = _dot(x, tl.trans(w), acc, DOT_KIND)
+    return result
+
+
+@triton.jit
+def _acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
+    """A zero float32 accumulator: [BLOCK_M, BLOCK_N], or [BLOCK_N, BLOCK_M] when SWAP (`_mma`)."""
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return acc
+
+
+@triton.jit
+def _unswap(acc, SWAP: tl.constexpr):
+    """The accumulator as [BLOCK_M, BLOCK_N]."""
+    if SWAP:
+        acc = tl.trans(acc)
+    return acc
 
 
 @triton.jit
@@ -334,7 +372,7 @@ def _w4a16_gemm_kernel(
     M, N, stride_xm, stride_om,
     K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
     EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, DOT_KIND: tl.constexpr, SPLIT_K: tl.constexpr, SPLIT_BYTES: tl.constexpr,
-    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
+    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0, SWAP: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -343,7 +381,7 @@ def _w4a16_gemm_kernel(
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     x_rows = tl.minimum(tokens, M - 1).to(tl.int64) * stride_xm  # clamped: loads need no mask
     w_rows = tl.minimum(rows, N - 1).to(tl.int64)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _acc(BLOCK_M, BLOCK_N, SWAP)
     if PREFETCH:  # x and the block scales of the next K step loaded before this step's decode and dot
         LAST: tl.constexpr = (SPLIT_BYTES - 1) // BLOCK_KB * BLOCK_KB  # the slice's last step (SPLIT_BYTES = K_BYTES without split-K)
         x_next = _x_tile(x_ptr, x_rows, K_BYTES, pid_k * SPLIT_BYTES, BLOCK_KB, EVEN_K, DOT_KIND)
@@ -355,13 +393,14 @@ def _w4a16_gemm_kernel(
             x_next = _x_tile(x_ptr, x_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K, DOT_KIND)
             s_next = _scale_tile(scale_ptr, w_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K)
             w = _scaled_tile(packed_ptr, s, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-            acc = _dot(x, tl.trans(w), acc, DOT_KIND)
+            acc = _mma(x, w, acc, DOT_KIND, SWAP)
     else:
         for step in range(0, SPLIT_BYTES, BLOCK_KB):  # this program's K slice (all of K without split-K)
             byte0 = tl.multiple_of(pid_k * SPLIT_BYTES + step, BLOCK_KB)
             x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
             w = _tile(packed_ptr, scale_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-            acc = _dot(x, tl.trans(w), acc, DOT_KIND)
+            acc = _mma(x, w, acc, DOT_KIND, SWAP)
+    acc = _unswap(acc, SWAP)
     in_range = (tokens < M)[:, None] & (rows < N)[None, :]
     if SPLIT_K > 1:  # partial sums to a float32 workspace; the program drawing the tile's last ticket adds them in split order
         tile = pid_m * tl.num_programs(1) + pid_n
@@ -441,7 +480,7 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
         x, _packed_operand(packed, decode), scale, scale_2, target, workspace, counters, tokens, rows, x.stride(0), target.stride(0),
         K_BYTES=k_bytes, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KB=p.block_kb, EVEN_K=even_k,
         ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), SPLIT_K=p.split_k, SPLIT_BYTES=split_bytes, DECODE=decode,
-        PREFETCH=_prefetch(p, moe=False), num_warps=p.num_warps, num_stages=p.num_stages,
+        PREFETCH=_prefetch(p, moe=False), SWAP=_swap(p, moe=False), num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if target is not buffer:
         buffer.copy_(target)
@@ -451,7 +490,7 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
 
 @triton.jit
 def _gate_up_products(x_ptr, x_rows, w_ptr, s_ptr, gate_rows, up_rows, K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr, PREFETCH: tl.constexpr):
+                      BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr, PREFETCH: tl.constexpr, SWAP: tl.constexpr = 0):
     """(gate, up) [BLOCK_M, BLOCK_N] float32 accumulators: x rows at element offsets x_rows [BM] times the NVFP4
     gate rows and the matching up rows (one x tile per K step for both), before the tensor scales. PREFETCH: the
     next step's x tile and block scales are loaded before this step's decode and dots (Triton 3.6 pipelines the
@@ -459,8 +498,8 @@ def _gate_up_products(x_ptr, x_rows, w_ptr, s_ptr, gate_rows, up_rows, K_BYTES: 
     same values; bit-identical under the interpreter and on wgmma (64-token blocks), but on the H200 the mma.sync
     tiles (16 and 32 tokens) and the linears differ in the last bits (run26: relative 2e-4, summation order).
     Measured slower alone (run26, `benchmarks/NOTES.md`); a tuning knob, off by default."""
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_gate = _acc(BLOCK_M, BLOCK_N, SWAP)
+    acc_up = _acc(BLOCK_M, BLOCK_N, SWAP)
     if PREFETCH:
         LAST: tl.constexpr = (K_BYTES - 1) // BLOCK_KB * BLOCK_KB  # the last step's first byte
         x_next = _x_tile(x_ptr, x_rows, K_BYTES, 0, BLOCK_KB, EVEN_K, DOT_KIND)
@@ -473,25 +512,25 @@ def _gate_up_products(x_ptr, x_rows, w_ptr, s_ptr, gate_rows, up_rows, K_BYTES: 
             gate_next = _scale_tile(s_ptr, gate_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K)
             up_next = _scale_tile(s_ptr, up_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K)
             w_gate = _scaled_tile(w_ptr, s_gate, gate_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-            acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
+            acc_gate = _mma(x, w_gate, acc_gate, DOT_KIND, SWAP)
             w_up = _scaled_tile(w_ptr, s_up, up_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-            acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
+            acc_up = _mma(x, w_up, acc_up, DOT_KIND, SWAP)
     else:
         for byte0 in range(0, K_BYTES, BLOCK_KB):
             x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
             w_gate = _tile(w_ptr, s_ptr, gate_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-            acc_gate = _dot(x, tl.trans(w_gate), acc_gate, DOT_KIND)
+            acc_gate = _mma(x, w_gate, acc_gate, DOT_KIND, SWAP)
             w_up = _tile(w_ptr, s_ptr, up_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-            acc_up = _dot(x, tl.trans(w_up), acc_up, DOT_KIND)
-    return acc_gate, acc_up
+            acc_up = _mma(x, w_up, acc_up, DOT_KIND, SWAP)
+    return _unswap(acc_gate, SWAP), _unswap(acc_up, SWAP)
 
 
 @triton.jit
 def _rows_products(a_ptr, a_rows, w_ptr, s_ptr, w_rows, K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr, PREFETCH: tl.constexpr):
+                   BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr, PREFETCH: tl.constexpr, SWAP: tl.constexpr = 0):
     """[BLOCK_M, BLOCK_N] float32: rows of `a` at element offsets a_rows [BM] times NVFP4 rows w_rows, over all of K
     (PREFETCH as `_gate_up_products`)."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = _acc(BLOCK_M, BLOCK_N, SWAP)
     if PREFETCH:
         LAST: tl.constexpr = (K_BYTES - 1) // BLOCK_KB * BLOCK_KB
         a_next = _x_tile(a_ptr, a_rows, K_BYTES, 0, BLOCK_KB, EVEN_K, DOT_KIND)
@@ -502,13 +541,13 @@ def _rows_products(a_ptr, a_rows, w_ptr, s_ptr, w_rows, K_BYTES: tl.constexpr, B
             a_next = _x_tile(a_ptr, a_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K, DOT_KIND)
             s_next = _scale_tile(s_ptr, w_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K)
             w = _scaled_tile(w_ptr, s, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-            acc = _dot(a, tl.trans(w), acc, DOT_KIND)
+            acc = _mma(a, w, acc, DOT_KIND, SWAP)
     else:
         for byte0 in range(0, K_BYTES, BLOCK_KB):
             a = _x_tile(a_ptr, a_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
             w = _tile(w_ptr, s_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
-            acc = _dot(a, tl.trans(w), acc, DOT_KIND)
-    return acc
+            acc = _mma(a, w, acc, DOT_KIND, SWAP)
+    return _unswap(acc, SWAP)
 
 
 @triton.jit
@@ -528,7 +567,7 @@ def _moe_gate_up_kernel(
     x_ptr, order_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, act_ptr,
     MAX_BLOCKS, stride_xm,
     I: tl.constexpr, H_BYTES: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr,
-    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
+    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0, SWAP: tl.constexpr = 0,
 ):
     block = tl.program_id(0)
     expert, positions, valid, safe = _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M)
@@ -539,7 +578,7 @@ def _moe_gate_up_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     gate_rows = expert.to(tl.int64) * (2 * I) + tl.minimum(cols, I - 1)
     up_rows = gate_rows + I
-    acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, packed_ptr, scale_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH)
+    acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, packed_ptr, scale_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH, SWAP)
     undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0  # the decoded operand's power of two
     gate = acc_gate * (tl.load(scale_2_ptr + 2 * expert) * undo)
     up = acc_up * (tl.load(scale_2_ptr + 2 * expert + 1) * undo)
@@ -553,7 +592,7 @@ def _moe_down_kernel(
     act_ptr, order_ptr, weights_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, pair_out_ptr,
     MAX_BLOCKS,
     H: tl.constexpr, I_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr,
-    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0,
+    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0, SWAP: tl.constexpr = 0,
 ):
     block = tl.program_id(0)
     expert, _, valid, safe = _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M)
@@ -563,7 +602,7 @@ def _moe_down_kernel(
     act_rows = safe.to(tl.int64) * (2 * I_BYTES)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     down_rows = expert.to(tl.int64) * H + tl.minimum(cols, H - 1)
-    acc = _rows_products(act_ptr, act_rows, packed_ptr, scale_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH)
+    acc = _rows_products(act_ptr, act_rows, packed_ptr, scale_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH, SWAP)
     routing = tl.load(weights_ptr + pairs)  # [BM] float32
     undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0
     acc = acc * (tl.load(scale_2_ptr + expert) * undo) * routing[:, None]
@@ -757,7 +796,7 @@ def nvfp4_moe_prefill(
         x, order, table, _packed_operand(experts.gate_up_packed.contiguous(), _decode(plan_a)), experts.gate_up_scale.contiguous(),
         experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
         BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb, EVEN_K=(hidden // 2) % plan_a.block_kb == 0,
-        DOT_KIND=dot_kind, DECODE=_decode(plan_a), PREFETCH=_prefetch(plan_a, moe=True), num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
+        DOT_KIND=dot_kind, DECODE=_decode(plan_a), PREFETCH=_prefetch(plan_a, moe=True), SWAP=_swap(plan_a, moe=True), num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
     )
     if staged:  # the interpreter truncates float32 -> bf16; torch rounds
         act = act.to(x.dtype)
@@ -766,7 +805,7 @@ def nvfp4_moe_prefill(
         act, order, topk_weights.contiguous(), table, _packed_operand(experts.down_packed.contiguous(), _decode(plan_b)), experts.down_scale.contiguous(),
         experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
         BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
-        DOT_KIND=dot_kind, DECODE=_decode(plan_b), PREFETCH=_prefetch(plan_b, moe=True), num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
+        DOT_KIND=dot_kind, DECODE=_decode(plan_b), PREFETCH=_prefetch(plan_b, moe=True), SWAP=_swap(plan_b, moe=True), num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
     )
     slot_sum(pair_out, out, top_k)
     return out

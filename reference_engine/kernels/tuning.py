@@ -20,7 +20,8 @@ heads below this many rows x heads), the MoE router (one launch up to this batch
 (`benchmarks/kernels/time_decode_pieces.py` measures them at batches 1 to 64).
 `gemm_decode` picks the weight decode of the tensor-core GEMMs (prefill linears and experts, decode batches from
 `gemm_min_tokens`), `gemm_prefetch_linear` / `gemm_prefetch_moe` whether they load the next K step's activation tile
-and block scales a step ahead, `moe_prefill_block_m_max` the routed experts' largest token block and
+and block scales a step ahead, `gemm_swap_linear` / `gemm_swap_moe` whether the decoded weight tile is the dot's
+first operand (wgmma reads it from registers; the tokens become the dot's N), `moe_prefill_block_m_max` the routed experts' largest token block and
 `moe_prefill_gate_up_block_n` their gate/up rows per program
 (`benchmarks/kernels/time_moe_prefill.py`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`);
 `moe_grouped_decode` the batch from which the decode MoE block runs grouped by expert, and its tiles
@@ -123,6 +124,8 @@ class TuningFile(BaseModel):
     gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
     gemm_prefetch_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: next K step's x and scales loaded ahead
     gemm_prefetch_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
+    gemm_swap_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: weight tile as the dot's first operand
+    gemm_swap_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
     moe_prefill_block_m_max: Literal[16, 32, 64] | None = None  # the routed experts' prefill GEMMs: largest token block
     moe_prefill_gate_up_block_n: Literal[64, 128] | None = None  # their first launch: gate (and up) rows per program
     dequant_cache: bool | None = None  # keep those bfloat16 copies between prefills (2.8 GB at the real size)
@@ -170,6 +173,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
     if tuning.gemm_min_tokens is not None:
         nvfp4_gemv.GEMM_MIN_TOKENS = tuning.gemm_min_tokens
     for value, name in ((tuning.gemm_decode, "DECODE"), (tuning.gemm_prefetch_linear, "PREFETCH_LINEAR"), (tuning.gemm_prefetch_moe, "PREFETCH_MOE"),
+                        (tuning.gemm_swap_linear, "SWAP_LINEAR"), (tuning.gemm_swap_moe, "SWAP_MOE"),
                         (tuning.moe_prefill_block_m_max, "MOE_BLOCK_M_MAX"), (tuning.moe_prefill_gate_up_block_n, "MOE_GATE_UP_BLOCK_N")):  # fmt: skip
         if value is not None:
             setattr(nvfp4_gemm, name, value)

@@ -64,6 +64,18 @@ for pairs, gate_up_rows in ((8192, 64), (800, 64), (4096, 64), (8192, 128), (409
     for decode, prefetch in combos:
         words = {"packed_ptr": "*i32"} if decode else {}
         configs.append((f"moe down pairs={pairs} gate_up_rows={gate_up_rows} decode {decode} prefetch {prefetch}", m._moe_down_kernel, sig | words, {"H": 2048, "I_BYTES": 256, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": decode, "PREFETCH": prefetch}, p))
+for tokens, rows, k in ((32, 12288, 2048), (64, 9216, 2048)):  # swap: wgmma with the decoded weights in registers
+    p = m.plan("linear", tokens, rows, k)
+    sig = common | {"x_ptr": "*bf16", "out_ptr": "*bf16", "workspace_ptr": "*fp32", "counter_ptr": "*i32", "M": "i32", "N": "i32", "stride_xm": "i32", "stride_om": "i32", "packed_ptr": "*i32"}
+    split_bytes = -(-(k // 2) // (p.split_k * p.block_kb)) * p.block_kb
+    configs.append((f"swap linear {tokens}x{rows}x{k} split {p.split_k}", m._w4a16_gemm_kernel, sig, {"K_BYTES": k // 2, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "ROW_SCALES": True, "DOT_KIND": m.DOT_BFLOAT16, "SPLIT_K": p.split_k, "SPLIT_BYTES": split_bytes, "DECODE": 1, "PREFETCH": 1, "SWAP": 1}, p))
+for pairs in (4096, 8192):
+    p = m.plan("moe_gate_up", pairs, 512, 2048, num_experts=256)
+    sig = common | {"x_ptr": "*bf16", "order_ptr": "*i32", "blocks_ptr": "*i32", "act_ptr": "*bf16", "MAX_BLOCKS": "i32", "stride_xm": "i32", "packed_ptr": "*i32"}
+    configs.append((f"swap moe gate_up pairs={pairs} rows={p.block_n}", m._moe_gate_up_kernel, sig, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": 1, "PREFETCH": 1, "SWAP": 1}, p))
+    p = m.plan("moe_down", pairs, 2048, 512, num_experts=256)
+    sig = common | {"act_ptr": "*bf16", "order_ptr": "*i32", "weights_ptr": "*fp32", "blocks_ptr": "*i32", "pair_out_ptr": "*fp32", "MAX_BLOCKS": "i32", "packed_ptr": "*i32"}
+    configs.append((f"swap moe down pairs={pairs}", m._moe_down_kernel, sig, {"H": 2048, "I_BYTES": 256, "BLOCK_M": p.block_m, "BLOCK_N": p.block_n, "BLOCK_KB": p.block_kb, "EVEN_K": True, "DOT_KIND": m.DOT_BFLOAT16, "DECODE": 1, "PREFETCH": 1, "SWAP": 1}, p))
 report = {}
 for name, kernel, sig, consts, p in configs:
     compiled = triton.compile(ASTSource(kernel, sig | {key: "constexpr" for key in consts}, constexprs=consts),
@@ -72,7 +84,9 @@ for name, kernel, sig, consts, p in configs:
         handle.write(compiled.asm["ptx"])
     info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", handle.name, "-o", os.devnull], capture_output=True, text=True, check=True).stderr
     os.unlink(handle.name)
-    report[name] = {"spill_bytes": int(re.search(r"(\d+) bytes spill stores", info).group(1)), "tensor_cores": "wgmma" in compiled.asm["ptx"] or "mma.sync" in compiled.asm["ptx"]}
+    ptx = compiled.asm["ptx"]
+    report[name] = {"spill_bytes": int(re.search(r"(\d+) bytes spill stores", info).group(1)), "tensor_cores": "wgmma" in ptx or "mma.sync" in ptx,
+                    "wgmma_register_a": bool(re.search(r"wgmma\.mma_async\S* \{[^}]*\}, \{", ptx))}
 print("JSON" + json.dumps(report))
 '''
 
@@ -356,6 +370,24 @@ for decode in (0, 1):
         nvfp4_gemm.PREFETCH_MOE = 1
         results["prefetch_identical"][f"moe-{name}-decode{decode}"] = bool(torch.equal(run_moe(x, weights_, ids), plain))
 nvfp4_gemm.DECODE = nvfp4_gemm.PREFETCH_LINEAR = nvfp4_gemm.PREFETCH_MOE = 0
+# swap (the weight tile as the dot's first operand, accumulator transposed once at the end): the same float64
+# references and bounds, plain loop and prefetch, split-K, the MoE pair of launches
+results["swap"] = {}
+for prefetch in (0, 1):
+    nvfp4_gemm.SWAP_LINEAR = nvfp4_gemm.SWAP_MOE = 1
+    nvfp4_gemm.PREFETCH_LINEAR = nvfp4_gemm.PREFETCH_MOE = prefetch
+    for name in ("m3-bf16", "m70-rows-bf16", "m97-k80-rows-f32", "m130-bf16"):
+        x, packed, scale, scale_2, ref = gemm_inputs[name]
+        results["swap"][f"{name}-prefetch{prefetch}"] = (GEMM_CASES[name][3], rel(run_gemm(x, packed, scale, scale_2), ref))
+    for name in ("split3-uneven-m20-k320-f32", "split2-m20-k320-rows-bf16"):
+        x, packed, scale, scale_2, ref, split_plan = gemm_inputs[name]
+        out = torch.full(ref.shape, float("nan"), dtype=x.dtype)
+        nvfp4_gemm.w4a16_gemm(x, packed, scale, scale_2, out, gemm_plan=nvfp4_gemm.GemmPlan(*split_plan_fields(split_plan), prefetch=prefetch, swap=1))
+        results["swap"][f"{name}-prefetch{prefetch}"] = (SPLIT_CASES[name][3], rel(out, ref))
+    for name in ("t3-k4-f32", "t40-k2-skew-bf16", "t24-k3-padding-bf16"):
+        dtype, x, weights_, ids = MOE_CASES[name]
+        results["swap"][f"moe-{name}-prefetch{prefetch}"] = (dtype, rel(run_moe(x, weights_, ids), references[name]))
+nvfp4_gemm.SWAP_LINEAR = nvfp4_gemm.SWAP_MOE = nvfp4_gemm.PREFETCH_LINEAR = nvfp4_gemm.PREFETCH_MOE = 0
 x, packed, scale, scale_2, ref = gemm_inputs["m97-k80-rows-f32"]  # three K steps
 results["gemm_wrong"]["prefetch_one_step_late"] = ("float32", rel(run_gemm(x, packed, scale, scale_2, prefetch_one_step_late), ref))
 try:
@@ -414,6 +446,13 @@ def test_prefetch_matches_the_plain_loop_exactly(results):
     assert all(results["prefetch_identical"].values()), results["prefetch_identical"]
 
 
+def test_swapped_operands_match_the_float64_references(results):
+    """The weight tile as the dot's first operand: linears (masked K, per-row scales, split-K) and the routed experts."""
+    assert len(results["swap"]) == 18
+    for name, (dtype, error) in results["swap"].items():
+        assert error < BOUNDS[dtype], (name, error)
+
+
 def test_moe_plans_must_share_the_token_block(results):
     assert "must share block_m" in results["plans_mismatch_error"]
 
@@ -437,10 +476,12 @@ def test_kernels_compile_for_sm90_without_spills():
         pytest.skip("Triton's bundled ptxas is not available")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout[result.stdout.rindex("JSON") + 4:])
-    assert len(report) == 18 + 26  # linears: 6 shapes x 3 (decode 0; decode 1 with prefetch 0 and 1); MoE: 3 plans x 2 kernels x 3 + 2 x 2 x 2
+    assert len(report) == 18 + 26 + 6  # linears: 6 shapes x 3 (decode 0; decode 1 with prefetch 0 and 1); MoE: 3 plans x 2 kernels x 3 + 2 x 2 x 2; swap: 2 + 2 x 2
     assert sum(not name.endswith(" split 1") for name in report if name.startswith("linear")) == 9  # decode batches split K
     for name, info in report.items():
         assert info["spill_bytes"] == 0 and info["tensor_cores"], (name, info)
+        if name.startswith("swap"):  # the decoded weight tile is wgmma's register operand
+            assert info["wgmma_register_a"], (name, info)
 
 
 def test_cpu_eager_paths_keep_the_torch_ops():
@@ -488,9 +529,13 @@ def _cuda_experts(num_experts: int, hidden: int, inter: int, generator: torch.Ge
 
 
 @pytest.mark.cuda
-def test_moe_prefill_matches_the_torch_op_on_cuda():
+@pytest.mark.parametrize("swap", [0, 1])
+def test_moe_prefill_matches_the_torch_op_on_cuda(swap, monkeypatch):
+    from reference_engine.kernels import nvfp4_gemm
     from reference_engine.kernels.nvfp4_gemm import nvfp4_moe_prefill
     from reference_engine.ops.moe import routed_experts
+
+    monkeypatch.setattr(nvfp4_gemm, "SWAP_MOE", swap)
 
     E, H, I, k, T = 256, 2048, 512, 8, 1024
     generator = torch.Generator().manual_seed(3)
@@ -545,9 +590,13 @@ def test_model_wiring_on_cuda():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(("tokens", "rows", "columns"), [(8, 12288, 2048), (32, 12288, 2048), (32, 2048, 4096), (64, 9216, 2048), (17, 2048, 4096)])
-def test_small_batch_split_k_gemm_on_cuda(tokens, rows, columns):
+@pytest.mark.parametrize("swap", [0, 1])
+def test_small_batch_split_k_gemm_on_cuda(tokens, rows, columns, swap, monkeypatch):
     """Decode batches take the split-K plan; the in-kernel reduction is deterministic and resets its counters."""
+    from reference_engine.kernels import nvfp4_gemm
     from reference_engine.kernels.launch import ticket_counters
+
+    monkeypatch.setattr(nvfp4_gemm, "SWAP_LINEAR", swap)
     from reference_engine.kernels.nvfp4_gemm import plan, w4a16_gemm
     from reference_engine.quant import linear as torch_linear
     from reference_engine.quant.nvfp4 import quantize_nvfp4
