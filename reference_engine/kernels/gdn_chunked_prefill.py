@@ -62,6 +62,7 @@ BLOCK_V_MAX = 32  # value columns per program of launch 2 (Dv = 128: 4 column bl
 BLOCK_D_MAX = 32  # columns of q, k, v per slice in launch 1
 SUB_CHUNK = tl.constexpr(16)  # diagonal block of launch 1's blocked inverse (`_unit_lower_inverse_blocked`)
 BLOCKED_INVERSE = True  # launch 1 inverts I + A blockwise (16 + 4 steps at C = 64); False: row-by-row substitution (64 steps)
+SCAN_STAGES = 0  # launch 2's chunk loop: 0 a while loop, >= 1 a range loop pipelined with that many stages (benchmarks)
 NUM_WARPS = 8  # both launches at C = 64, Dk = Dv = 128 (4 warps spill more; see below)
 # float32 operands of tl.dot on the GPU, by the dtype of q, k, v. "tf32x3" (three tensor-core passes, about fp32
 # accuracy) for float32 inputs: ptxas for sm_90 at the real shape, 8 warps: launch 1 255 registers, no spill;
@@ -191,23 +192,77 @@ def _gdn_chunk_prepare_kernel(
 
 
 @triton.jit
+def _scan_chunk(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, s_lo, s_hi, slot, start, length, live, head, key_head, cols, col_ok,
+                HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+                BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """One chunk of `_gdn_chunk_scan_kernel`: its outputs stored, the state halves returned. `live` False (a
+    sequence with fewer chunks than the launch's loop count): every load is masked to zero and the chunk decay to
+    one, so the state comes back unchanged and nothing is stored (length must be 0)."""
+    HALF: tl.constexpr = BLOCK_K // 2
+    rows = tl.arange(0, BLOCK_C)
+    lo = tl.arange(0, HALF)
+    hi = HALF + tl.arange(0, HALF)
+    scratch_rows = (slot * HV + head) * BLOCK_C + rows  # [C]
+    factors = (slot * HV + head) * 3 * BLOCK_C + rows  # [C]
+    # X = U - W S
+    x = tl.load(u_ptr + scratch_rows[:, None] * BLOCK_DV + cols[None, :], mask=col_ok[None, :] & live, other=0.0)  # [C, BV]
+    w = tl.load(w_ptr + scratch_rows[:, None] * BLOCK_K + lo[None, :], mask=live, other=0.0)
+    x -= tl.dot(w, s_lo, input_precision=PRECISION)
+    w = tl.load(w_ptr + scratch_rows[:, None] * BLOCK_K + hi[None, :], mask=live, other=0.0)
+    x -= tl.dot(w, s_hi, input_precision=PRECISION)
+    # out = P X + (q exp(c)) S, q L2-normalised and scaled
+    o = tl.dot(tl.load(p_ptr + scratch_rows[:, None] * BLOCK_C + rows[None, :], mask=live, other=0.0), x, input_precision=PRECISION)
+    q_rows = tl.load(f_ptr + factors, mask=live, other=0.0)
+    q = _row_tile(q_ptr, start, length, key_head, 0, HK, DK, BLOCK_C, HALF)
+    o += tl.dot(q * q_rows[:, None], s_lo, input_precision=PRECISION)
+    q = _row_tile(q_ptr, start, length, key_head, HALF, HK, DK, BLOCK_C, HALF)
+    o += tl.dot(q * q_rows[:, None], s_hi, input_precision=PRECISION)
+    # S <- exp(c_last) S + (k exp(c_last - c))^T X, k L2-normalised
+    k_rows = tl.load(f_ptr + factors + BLOCK_C, mask=live, other=0.0)
+    chunk_decay = tl.load(f_ptr + (slot * HV + head) * 3 * BLOCK_C + 2 * BLOCK_C, mask=live, other=1.0)
+    k = _row_tile(k_ptr, start, length, key_head, 0, HK, DK, BLOCK_C, HALF)
+    s_lo = s_lo * chunk_decay + tl.dot(tl.trans(k * k_rows[:, None]), x, input_precision=PRECISION)
+    k = _row_tile(k_ptr, start, length, key_head, HALF, HK, DK, BLOCK_C, HALF)
+    s_hi = s_hi * chunk_decay + tl.dot(tl.trans(k * k_rows[:, None]), x, input_precision=PRECISION)
+    out_offsets = ((start + rows).to(tl.int64) * HV + head)[:, None] * DV + cols[None, :]
+    tl.store(out_ptr + out_offsets, o.to(out_ptr.dtype.element_ty), mask=(rows < length)[:, None] & col_ok[None, :])
+    return s_lo, s_hi
+
+
+@triton.jit
+def _scan_step(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, chunk_start_ptr, chunk_len_ptr, s_lo, s_hi, step, first, count,
+               head, key_head, cols, col_ok, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+               BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
+    """Step `step` of a sequence's chunk loop when the loop runs the batch's largest count: past the sequence's own
+    `count` the step is masked (`_scan_chunk`'s `live`) on a valid slot."""
+    live = step < count
+    slot = (first + tl.maximum(tl.minimum(step, count - 1), 0)).to(tl.int64)  # every load below is masked by `live`
+    start = tl.load(chunk_start_ptr + slot, mask=live, other=0)
+    length = tl.load(chunk_len_ptr + slot, mask=live, other=0)
+    return _scan_chunk(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, s_lo, s_hi, slot, start, length, live, head, key_head, cols, col_ok,
+                       HK, HV, DK, DV, BLOCK_C, BLOCK_K, BLOCK_DV, PRECISION)  # fmt: skip
+
+
+@triton.jit
 def _gdn_chunk_scan_kernel(
     q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, chunk_start_ptr, chunk_len_ptr, seq_first_ptr, seq_count_ptr,
-    state_ptr, out_ptr, final_state_ptr,
+    state_ptr, out_ptr, final_state_ptr, max_steps,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_V: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, STAGES: tl.constexpr = 0, INTERPRETED: tl.constexpr = False,
 ):
     """Per (sequence b, value head h, column block): the chunks of b in order, S [Dk, BLOCK_V] in registers.
 
     S is held as two row halves [BLOCK_K / 2, BLOCK_V] (s_lo, s_hi) and every [C, Dk] operand is
-    loaded as two [C, BLOCK_K / 2] halves right before its products, to bound the registers."""
+    loaded as two [C, BLOCK_K / 2] halves right before its products, to bound the registers.
+    STAGES 0: a while loop over the sequence's own chunk count (loaded). STAGES >= 1: a range loop of
+    `max_steps` (the host's largest chunk count of the batch) that Triton software-pipelines with that many
+    stages, the steps past a sequence's own count masked (`_scan_chunk`'s `live`)."""
     HALF: tl.constexpr = BLOCK_K // 2
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     cols = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)  # value columns [BV]
     key_head = head // (HV // HK)
-    rows = tl.arange(0, BLOCK_C)
     lo = tl.arange(0, HALF)
     hi = HALF + tl.arange(0, HALF)
     col_ok = cols < DV
@@ -220,36 +275,25 @@ def _gdn_chunk_scan_kernel(
     s_hi = tl.load(state_ptr + hi_offsets, mask=hi_mask, other=0.0)  # [HALF, BV]
     first = tl.load(seq_first_ptr + seq)
     count = tl.load(seq_count_ptr + seq)
-    step = 0
-    while step < count:  # a while loop: the interpreter cannot take a loaded bound in range()
-        slot = (first + step).to(tl.int64)
-        step += 1
-        start = tl.load(chunk_start_ptr + slot)
-        length = tl.load(chunk_len_ptr + slot)
-        scratch_rows = (slot * HV + head) * BLOCK_C + rows  # [C]
-        factors = (slot * HV + head) * 3 * BLOCK_C + rows  # [C]
-        # X = U - W S
-        x = tl.load(u_ptr + scratch_rows[:, None] * BLOCK_DV + cols[None, :], mask=col_ok[None, :], other=0.0)  # [C, BV]
-        w = tl.load(w_ptr + scratch_rows[:, None] * BLOCK_K + lo[None, :])
-        x -= tl.dot(w, s_lo, input_precision=PRECISION)
-        w = tl.load(w_ptr + scratch_rows[:, None] * BLOCK_K + hi[None, :])
-        x -= tl.dot(w, s_hi, input_precision=PRECISION)
-        # out = P X + (q exp(c)) S, q L2-normalised and scaled
-        o = tl.dot(tl.load(p_ptr + scratch_rows[:, None] * BLOCK_C + rows[None, :]), x, input_precision=PRECISION)
-        q_rows = tl.load(f_ptr + factors)
-        q = _row_tile(q_ptr, start, length, key_head, 0, HK, DK, BLOCK_C, HALF)
-        o += tl.dot(q * q_rows[:, None], s_lo, input_precision=PRECISION)
-        q = _row_tile(q_ptr, start, length, key_head, HALF, HK, DK, BLOCK_C, HALF)
-        o += tl.dot(q * q_rows[:, None], s_hi, input_precision=PRECISION)
-        # S <- exp(c_last) S + (k exp(c_last - c))^T X, k L2-normalised
-        k_rows = tl.load(f_ptr + factors + BLOCK_C)
-        chunk_decay = tl.load(f_ptr + (slot * HV + head) * 3 * BLOCK_C + 2 * BLOCK_C)
-        k = _row_tile(k_ptr, start, length, key_head, 0, HK, DK, BLOCK_C, HALF)
-        s_lo = s_lo * chunk_decay + tl.dot(tl.trans(k * k_rows[:, None]), x, input_precision=PRECISION)
-        k = _row_tile(k_ptr, start, length, key_head, HALF, HK, DK, BLOCK_C, HALF)
-        s_hi = s_hi * chunk_decay + tl.dot(tl.trans(k * k_rows[:, None]), x, input_precision=PRECISION)
-        out_offsets = ((start + rows).to(tl.int64) * HV + head)[:, None] * DV + cols[None, :]
-        tl.store(out_ptr + out_offsets, o.to(out_ptr.dtype.element_ty), mask=(rows < length)[:, None] & col_ok[None, :])
+    if STAGES == 0:
+        step = 0
+        while step < count:  # a while loop: the interpreter cannot take a loaded bound in range()
+            slot = (first + step).to(tl.int64)
+            step += 1
+            start = tl.load(chunk_start_ptr + slot)
+            length = tl.load(chunk_len_ptr + slot)
+            s_lo, s_hi = _scan_chunk(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, s_lo, s_hi, slot, start, length, True, head, key_head, cols, col_ok,
+                                     HK, HV, DK, DV, BLOCK_C, BLOCK_K, BLOCK_DV, PRECISION)  # fmt: skip
+    elif INTERPRETED:  # the same masked steps; the interpreter cannot take a runtime argument as a range bound
+        step = 0
+        while step < max_steps:
+            s_lo, s_hi = _scan_step(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, chunk_start_ptr, chunk_len_ptr, s_lo, s_hi, step, first, count,
+                                    head, key_head, cols, col_ok, HK, HV, DK, DV, BLOCK_C, BLOCK_K, BLOCK_DV, PRECISION)  # fmt: skip
+            step += 1
+    else:
+        for step in tl.range(0, max_steps, num_stages=STAGES):
+            s_lo, s_hi = _scan_step(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, chunk_start_ptr, chunk_len_ptr, s_lo, s_hi, step, first, count,
+                                    head, key_head, cols, col_ok, HK, HV, DK, DV, BLOCK_C, BLOCK_K, BLOCK_DV, PRECISION)  # fmt: skip
     tl.store(final_state_ptr + lo_offsets, s_lo, mask=lo_mask)
     tl.store(final_state_ptr + hi_offsets, s_hi, mask=hi_mask)
 
@@ -325,6 +369,7 @@ def gdn_chunked_prefill(
     block_v = min(BLOCK_V_MAX, block_dv)
     precision = "ieee" if interpreting() else DOT_PRECISION or PRECISION_FOR[query.dtype]
     chunk_start, chunk_len, seq_first, seq_count = _chunk_table_from_offsets(offsets, tokens, chunk, query.device)
+    max_steps = max(-(-(end - begin) // chunk) for begin, end in itertools.pairwise(offsets))  # launch 2's loop count (SCAN_STAGES >= 1)
     num_slots = chunk_start.shape[0]
     device = query.device
     w, u, p, f = (  # W [N, Hv, C, Dk], U [N, Hv, C, Dv], P [N, Hv, C, C], F [N, Hv, 3, C], float32 (padded sizes)
@@ -345,9 +390,9 @@ def gdn_chunked_prefill(
     buffer = staging_buffer(out)
     result = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     _gdn_chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(v_dim, block_v))](
-        q_in, k_in, w, u, p, f, chunk_start, chunk_len, seq_first, seq_count, source, result, target,
+        q_in, k_in, w, u, p, f, chunk_start, chunk_len, seq_first, seq_count, source, result, target, max_steps,
         HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_DV=block_dv, BLOCK_V=block_v,
-        PRECISION=precision, num_warps=NUM_WARPS if block_k * block_v >= 128 * 32 else 4,
+        PRECISION=precision, STAGES=SCAN_STAGES, INTERPRETED=interpreting(), num_warps=NUM_WARPS if block_k * block_v >= 128 * 32 else 4,
     )
     if target is not final_state:
         final_state.copy_(target)

@@ -121,6 +121,12 @@ for blocked in (True, False):  # the blocked inverse against row-by-row substitu
     kernel_module.BLOCKED_INVERSE = blocked
     result["cases"][f"long-f32-chunk64-blocked-{blocked}"] = measure("long", LONG, torch.float32, 64, 8)
 kernel_module.BLOCKED_INVERSE = True
+kernel_module.SCAN_STAGES = 2  # launch 2 as a pipelined range loop: sequences with fewer chunks run masked steps
+result["cases"]["ragged-f32-chunk16-stages2"] = measure("ragged", RAGGED, torch.float32, 16, 1)
+result["cases"]["batch3-empty-seq-in-place-stages2"] = measure("b3", [17, 0, 23], torch.float32, 16, 4, in_place=True)
+result["cases"]["batch3-empty-first-stages2"] = measure("b3e", [0, 17, 23], torch.float32, 16, 10)
+result["cases"]["long-f32-chunk64-stages2"] = measure("long", LONG, torch.float32, 64, 7)
+kernel_module.SCAN_STAGES = 0
 
 # Worst case for the inverse: every key the same, beta near 1, almost no decay (A is nearly all ones below the
 # diagonal; its powers grow binomially, the inverse stays bidiagonal).
@@ -173,6 +179,7 @@ def test_contract_cpu_cases_pass_under_the_interpreter(run):
 @pytest.mark.parametrize("case", [
     "ragged-f32-chunk16", "ragged-f32-chunk8", "batch1-f32-chunk16", "batch3-empty-seq-in-place", "batch3-hv-eq-hk-dv64",
     "long-f32-chunk64", "long-f32-chunk64-blocked-True", "long-f32-chunk64-blocked-False", "repeated-keys-f32-chunk64",
+    "ragged-f32-chunk16-stages2", "batch3-empty-seq-in-place-stages2", "batch3-empty-first-stages2", "long-f32-chunk64-stages2",
 ])
 def test_float32_matches_the_torch_op_and_the_recurrence(measured, case):
     errors = measured["cases"][case]
@@ -200,11 +207,15 @@ def test_the_comparison_rejects_a_known_wrong_kernel(measured, wrong):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("lengths", [[1024], [1, 255, 256, 512]])
-def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths, dtype):
+@pytest.mark.parametrize("stages", [0, 2])
+def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths, dtype, stages, monkeypatch):
     """bfloat16 inputs run one-pass tf32 dots (within the contract's bfloat16 bounds, and tighter than fla's run19
-    figures); float32 inputs run tf32x3, about float32 accuracy."""
+    figures); float32 inputs run tf32x3, about float32 accuracy. Launch 2 as a while loop and as a pipelined range loop."""
+    from reference_engine.kernels import gdn_chunked_prefill as kernel_module
     from reference_engine.kernels.gdn_chunked_prefill import gdn_chunked_prefill
     from reference_engine.ops.linear_attention import gdn_chunked_prefill as torch_op
+
+    monkeypatch.setattr(kernel_module, "SCAN_STAGES", stages)
 
     generator = torch.Generator(device="cuda").manual_seed(len(lengths))
     tokens, batch = sum(lengths), len(lengths)
