@@ -2,7 +2,10 @@
 (swap 1: wgmma reads the decoded tile from registers, the tokens are the dot's N), and the routed experts' token
 block; write the winners into a tuning file.
 
-    PYTHONPATH=. python3 benchmarks/kernels/time_moe_prefill.py results.json [tuning-in.json tuning-out.json]
+    PYTHONPATH=. python3 benchmarks/kernels/time_moe_prefill.py results.json [tuning-in.json [tuning-out.json]] [--tiles]
+
+`--tiles`: the experts only, the committed plans against single changes no tuning key expresses (`tile_variants`);
+nothing written but the results.
 
 Routed experts (`nvfp4_moe_prefill`, 256 experts, H 2048, I 512, top-8, routing from random logits) at 1024
 tokens: the committed plan, then each variant in `moe_variants`. Linears (`w4a16_gemm`): the decode batches' tiles
@@ -79,7 +82,22 @@ def moe_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
     return found
 
 
-def time_moe(records: list, experts) -> dict[str, float]:
+def tile_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
+    """`--tiles`: the committed plans, then one change each that no tuning key expresses yet (pipeline stages, a
+    K step of 128 elements, 4 warps, 256 rows per program), to see what the 1024-token launches are limited by."""
+    base_a, base_b = plan("moe_gate_up", tokens * TOP_K, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", tokens * TOP_K, HIDDEN, INTER, num_experts=EXPERTS)
+    return {
+        "committed": (base_a, base_b),
+        "stages 2": (with_fields(base_a, num_stages=2), with_fields(base_b, num_stages=2)),
+        "stages 4": (with_fields(base_a, num_stages=4), with_fields(base_b, num_stages=4)),
+        "k step 128": (with_fields(base_a, block_kb=64), with_fields(base_b, block_kb=64)),
+        "down k step 128": (base_a, with_fields(base_b, block_kb=64)),
+        "warps 4": (with_fields(base_a, num_warps=4), with_fields(base_b, num_warps=4)),
+        "rows 256": (with_fields(base_a, block_n=256), with_fields(base_b, block_n=256)),
+    }
+
+
+def time_moe(records: list, experts, variants=moe_variants) -> dict[str, float]:
     """Microseconds per call at 1024 tokens per variant label (NaN: output rejected)."""
     at_1024 = {}
     for tokens in MOE_TOKENS:
@@ -88,7 +106,7 @@ def time_moe(records: list, experts) -> dict[str, float]:
         routing = (top.values / top.values.sum(-1, keepdim=True)).contiguous()
         ids = top.indices.int().contiguous()
         reference = None
-        for label, plans in moe_variants(tokens).items():
+        for label, plans in variants(tokens).items():
             out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
             try:
                 nvfp4_gemm.nvfp4_moe_prefill(x, routing, ids, experts, out, check_ids=False, plans=plans)
@@ -141,13 +159,16 @@ def time_linears(records: list) -> dict[int, float]:
     return totals
 
 
-def main(path: str, tuning_in: str | None, tuning_out: str | None) -> None:
+def main(path: str, tuning_in: str | None, tuning_out: str | None, tiles: bool = False) -> None:
     if tuning_in:
         apply_tuning(tuning_in)
     records: list = []
     experts = stacked_experts()
-    moe = time_moe(records, experts)
+    moe = time_moe(records, experts, tile_variants if tiles else moe_variants)
     del experts
+    if tiles:  # no tuning key to write
+        Path(path).write_text(json.dumps({"records": records, "moe_1024": moe}, indent=1))
+        return
     linears = time_linears(records)
     best = min((label for label in moe if moe[label] == moe[label]), key=moe.get)
     print(f"moe at 1024 tokens: committed {moe['committed']:.1f} us, best {best!r} {moe[best]:.1f} us", flush=True)
@@ -166,7 +187,7 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None) -> None:
 
 
 if __name__ == "__main__":
-    arguments = sys.argv[1:]
-    if len(arguments) not in (1, 3):
+    arguments = [a for a in sys.argv[1:] if a != "--tiles"]
+    if len(arguments) not in (1, 2, 3):
         sys.exit(__doc__)
-    main(arguments[0], *(arguments[1:] or [None, None]))
+    main(arguments[0], arguments[1] if len(arguments) > 1 else None, arguments[2] if len(arguments) > 2 else None, tiles="--tiles" in sys.argv)

@@ -21,7 +21,9 @@ heads below this many rows x heads), the MoE router (one launch up to this batch
 `gemm_decode` picks the weight decode of the tensor-core GEMMs (prefill linears and experts, decode batches from
 `gemm_min_tokens`), `gemm_prefetch_linear` / `gemm_prefetch_moe` whether they load the next K step's activation tile
 and block scales a step ahead, `gemm_swap_linear` / `gemm_swap_moe` whether the decoded weight tile is the dot's
-first operand (wgmma reads it from registers; the tokens become the dot's N), `moe_prefill_block_m_max` the routed experts' largest token block and
+first operand (wgmma reads it from registers; the tokens become the dot's N), `gdn_prefill_scan_stages` how the
+chunked GDN prefill's second launch walks the chunks (0 a while loop, else a range loop pipelined with that many stages;
+`benchmarks/kernels/time_gdn_prefill.py`), `moe_prefill_block_m_max` the routed experts' largest token block and
 `moe_prefill_gate_up_block_n` their gate/up rows per program
 (`benchmarks/kernels/time_moe_prefill.py`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`);
 `moe_grouped_decode` the batch from which the decode MoE block runs grouped by expert, and its tiles
@@ -126,6 +128,7 @@ class TuningFile(BaseModel):
     gemm_prefetch_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
     gemm_swap_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: weight tile as the dot's first operand
     gemm_swap_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
+    gdn_prefill_scan_stages: int | None = Field(default=None, ge=0, le=4)  # chunked GDN prefill's launch 2: 0 while loop, else pipelined stages
     moe_prefill_block_m_max: Literal[16, 32, 64] | None = None  # the routed experts' prefill GEMMs: largest token block
     moe_prefill_gate_up_block_n: Literal[64, 128] | None = None  # their first launch: gate (and up) rows per program
     dequant_cache: bool | None = None  # keep those bfloat16 copies between prefills (2.8 GB at the real size)
@@ -145,6 +148,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
     """Validate and install a tuning file; returns it. ValueError naming the file on bad content."""
     from reference_engine.kernels import (
         dense_gemv,
+        gdn_chunked_prefill,
         gdn_decode_step,
         moe_decode,
         moe_grouped_decode,
@@ -177,6 +181,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
                         (tuning.moe_prefill_block_m_max, "MOE_BLOCK_M_MAX"), (tuning.moe_prefill_gate_up_block_n, "MOE_GATE_UP_BLOCK_N")):  # fmt: skip
         if value is not None:
             setattr(nvfp4_gemm, name, value)
+    if tuning.gdn_prefill_scan_stages is not None:
+        gdn_chunked_prefill.SCAN_STAGES = tuning.gdn_prefill_scan_stages
     if tuning.dequant_min_tokens is not None:
         nvfp4_dequant.MIN_TOKENS = tuning.dequant_min_tokens
     if tuning.dequant_cache is not None:
