@@ -4,8 +4,8 @@ block; write the winners into a tuning file.
 
     PYTHONPATH=. python3 benchmarks/kernels/time_moe_prefill.py results.json [tuning-in.json [tuning-out.json]] [--tiles]
 
-`--tiles`: the experts only, the committed plans against single changes no tuning key expresses (`tile_variants`);
-nothing written but the results.
+`--tiles`: the experts only, the committed plans against decode 2 (`gemm_decode_moe`, the register operand) at the
+tiles the keys express; tuning-out gets `gemm_decode_moe` 2 and those tiles for a gain of 2% or more.
 
 Routed experts (`nvfp4_moe_prefill`, 256 experts, H 2048, I 512, top-8, routing from random logits) at 1024
 tokens: the committed plan, then each variant in `moe_variants`. Linears (`w4a16_gemm`): the decode batches' tiles
@@ -83,18 +83,24 @@ def moe_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
 
 
 def tile_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
-    """`--tiles`: the committed plans, then one change each that no tuning key expresses yet (pipeline stages, a
-    K step of 128 elements, 4 warps, 256 rows per program), to see what the 1024-token launches are limited by."""
+    """`--tiles`: the committed plans, then decode 2 (`register_variants`). (run35 timed single changes no tuning key
+    expresses, pipeline stages 2/4, a 128-element K step, 4 warps, 256 rows: none faster, `benchmarks/NOTES.md`.)"""
     base_a, base_b = plan("moe_gate_up", tokens * TOP_K, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", tokens * TOP_K, HIDDEN, INTER, num_experts=EXPERTS)
-    return {
-        "committed": (base_a, base_b),
-        "stages 2": (with_fields(base_a, num_stages=2), with_fields(base_b, num_stages=2)),
-        "stages 4": (with_fields(base_a, num_stages=4), with_fields(base_b, num_stages=4)),
-        "k step 128": (with_fields(base_a, block_kb=64), with_fields(base_b, block_kb=64)),
-        "down k step 128": (base_a, with_fields(base_b, block_kb=64)),
-        "warps 4": (with_fields(base_a, num_warps=4), with_fields(base_b, num_warps=4)),
-        "rows 256": (with_fields(base_a, block_n=256), with_fields(base_b, block_n=256)),
-    }
+    return {"committed": (base_a, base_b)} | register_variants(tokens)
+
+
+def register_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
+    """Decode 2 (`gemm_decode_moe` 2: straight into wgmma's register operand) at the tiles the tuning keys express."""
+    saved = (nvfp4_gemm.DECODE_MOE, nvfp4_gemm.MOE_BLOCK_M_MAX, nvfp4_gemm.MOE_GATE_UP_BLOCK_N)
+    found = {}
+    try:
+        for block_m_max, rows in ((64, 128), (64, 64), (32, 128), (32, 64)):
+            nvfp4_gemm.DECODE_MOE, nvfp4_gemm.MOE_BLOCK_M_MAX, nvfp4_gemm.MOE_GATE_UP_BLOCK_N = 2, block_m_max, rows
+            found[f"decode 2 block_m_max {block_m_max} rows {rows}"] = (plan("moe_gate_up", tokens * TOP_K, INTER, HIDDEN, num_experts=EXPERTS),
+                                                                        plan("moe_down", tokens * TOP_K, HIDDEN, INTER, num_experts=EXPERTS))  # fmt: skip
+    finally:
+        nvfp4_gemm.DECODE_MOE, nvfp4_gemm.MOE_BLOCK_M_MAX, nvfp4_gemm.MOE_GATE_UP_BLOCK_N = saved
+    return found
 
 
 def time_moe(records: list, experts, variants=moe_variants) -> dict[str, float]:
@@ -166,8 +172,17 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tiles: bool =
     experts = stacked_experts()
     moe = time_moe(records, experts, tile_variants if tiles else moe_variants)
     del experts
-    if tiles:  # no tuning key to write
+    if tiles:  # decode 2 at the best tiles into the tuning file when it is at least 2% faster
         Path(path).write_text(json.dumps({"records": records, "moe_1024": moe}, indent=1))
+        pick = min((label for label in moe if label != "committed" and moe[label] == moe[label]), key=moe.get, default=None)
+        print(f"moe at 1024 tokens: committed {moe['committed']:.1f} us, best {pick!r} {moe.get(pick, float('nan')):.1f} us", flush=True)
+        if tuning_in and tuning_out:
+            tuning = json.loads(Path(tuning_in).read_text())
+            if pick is not None and moe[pick] <= GAIN * moe["committed"]:
+                *_, block_m_max, _, rows = pick.split()
+                tuning |= {"gemm_decode_moe": 2, "moe_prefill_block_m_max": int(block_m_max), "moe_prefill_gate_up_block_n": int(rows)}
+            Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
+            print("tuning:", {key: tuning.get(key) for key in ("gemm_decode_moe", "moe_prefill_block_m_max", "moe_prefill_gate_up_block_n")}, flush=True)
         return
     linears = time_linears(records)
     best = min((label for label in moe if moe[label] == moe[label]), key=moe.get)

@@ -90,7 +90,7 @@ class GemmPlan:
     num_warps: int
     num_stages: int
     split_k: int = 1  # K slices reduced in the kernel (last ticket of a tile sums them in order)
-    decode: int = -1  # weight decode: 0 bytes, 1 int32 words (see `_weight_tile_words`); -1: the module's `DECODE`
+    decode: int = -1  # weight decode: 0 bytes, 1 int32 words (see `_weight_tile_words`), 2 register operand (routed experts only, `_register_products`); -1: the module's `DECODE`
     prefetch: int = -1  # 1: the next K step's x tile and block scales loaded a step ahead; -1: the module's `PREFETCH_*`
     swap: int = -1  # 1: the weight tile is the dot's first operand (`_mma`); -1: the module's `SWAP_*`
 
@@ -120,7 +120,7 @@ def _swap(p: GemmPlan, moe: bool) -> int:
 
 def _packed_operand(packed: torch.Tensor, decode: int) -> torch.Tensor:
     """The packed codes as the kernel reads them: bytes, or int32 words (rows are whole words: K is a multiple of 16)."""
-    return packed.view(torch.int32) if decode == 1 else packed
+    return packed.view(torch.int32) if decode >= 1 else packed
 
 
 def _pow2_between(value: int, low: int, high: int) -> int:
@@ -147,11 +147,14 @@ def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DE
     mean_group = triton.cdiv(max(tokens, 1), max(num_experts, 1))
     block_m = _pow2_between(2 * mean_group, 16, min(MOE_BLOCK_M_MAX, 32 if float32 else 64))
     warps = 8 if block_m >= 64 else 4
+    register = DECODE_MOE == 2 and not float32  # DECODE 2: 64-byte K steps, no pipelining stages (see `_register_products`)
+    decode, stages, block_kb = (2, 1, 64) if register else (-1, 3, block_kb)
     if kind == "moe_gate_up":
-        return GemmPlan(block_m, _pow2_between(rows, 16, 32 if float32 else MOE_GATE_UP_BLOCK_N), block_kb, warps, 3)
-    return GemmPlan(block_m, _pow2_between(rows, 16, 64 if float32 else 128), block_kb, warps, 3)
+        return GemmPlan(block_m, _pow2_between(rows, 16, 32 if float32 else MOE_GATE_UP_BLOCK_N), block_kb, warps, stages, decode=decode)
+    return GemmPlan(block_m, _pow2_between(rows, 16, 64 if float32 else 128), block_kb, warps, stages, decode=decode)
 
 
+DECODE_MOE = -1  # 2: the routed experts' prefill GEMMs decode into the register operand (`_register_products`); -1: `DECODE`
 MOE_BLOCK_M_MAX = 64  # the routed experts' largest token block (16, 32 or 64; the tuning file may lower it)
 MOE_GATE_UP_BLOCK_N = 64  # gate rows (and as many up rows) per program of the routed experts' first launch (64 or 128)
 SMALL_M_TOKENS = 64  # up to this many tokens a linear gets `_small_m_plan`
@@ -335,6 +338,88 @@ def _weight_tile_words(words_ptr, scale, rows, K_BYTES: tl.constexpr, byte0,
     return tl.reshape(pairs, (BLOCK_N, 2 * BLOCK_KB))
 
 
+# DECODE 2 (register operand; the routed experts' prefill GEMMs): each K step covers 128 elements, 16 int32 words per
+# weight row, and splits into 8 dots of K 16, dot j taking code j of every word (element 8w + j of the step) against
+# columns 16j .. 16j + 15 of the step in a K-permuted x (`permute_k`: column 16j + w holds element 8w + j). No tile is
+# interleaved back into K order, so Triton (3.6, loops without pipelining stages) decodes straight into wgmma's
+# register operand layout (weights first, tokens as N): only the code words and block scales pass through shared
+# memory, against the whole decoded bfloat16 tile for DECODE 0 and 1 (run35: ncu had the 1024-token gate/up launch at
+# 73% shared-memory/L1 busy and 25% DRAM). Same products, another summation order.
+REGISTER_K_WORDS = tl.constexpr(16)  # int32 words per weight row and K step in DECODE 2 (128 elements)
+
+
+def permute_k(x: torch.Tensor) -> torch.Tensor:
+    """x [T, K] (K a multiple of 128) -> a K-permuted copy for DECODE 2: in every block of 128 columns, column
+    16j + w holds column 8w + j."""
+    tokens, k = x.shape
+    return x.reshape(tokens, k // 128, 16, 8).transpose(2, 3).reshape(tokens, k)
+
+
+@triton.jit
+def _permuted_columns(cols):
+    """Natural column indices -> their positions in the K-permuted layout of `permute_k`."""
+    return (cols // 128) * 128 + (cols % 8) * 16 + (cols % 128) // 8
+
+
+@triton.jit
+def _word_codes(words_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0, DOT_KIND: tl.constexpr, ASM: tl.constexpr):
+    """Rows `rows` [BN], the REGISTER_K_WORDS words from packed byte byte0: 8 tiles [BN, KW] in the dot dtype, tile j
+    holding code j of every word (e2m1 * block_scale * 2^-7, as `_weight_tile_words`)."""
+    KW: tl.constexpr = REGISTER_K_WORDS
+    word_cols = byte0 // 4 + tl.arange(0, KW)
+    words = tl.load(words_ptr + rows[:, None] * (K_BYTES // 4) + word_cols[None, :])  # [BN, KW] int32
+    scale = tl.load(scale_ptr + rows[:, None] * (K_BYTES // 8) + (word_cols // 2)[None, :]).to(tl.float32)  # two words per block
+    if ASM:
+        e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
+            _BF16_PAIRS_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, (scale * WORD_SCALE_SHIFT).to(tl.bfloat16)],
+            dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        e0, e1, e2, e3 = (_to_dot(_code_times_scale(words, 0, scale), DOT_KIND), _to_dot(_code_times_scale(words, 1, scale), DOT_KIND),
+                          _to_dot(_code_times_scale(words, 2, scale), DOT_KIND), _to_dot(_code_times_scale(words, 3, scale), DOT_KIND))  # fmt: skip
+        e4, e5, e6, e7 = (_to_dot(_code_times_scale(words, 4, scale), DOT_KIND), _to_dot(_code_times_scale(words, 5, scale), DOT_KIND),
+                          _to_dot(_code_times_scale(words, 6, scale), DOT_KIND), _to_dot(_code_times_scale(words, 7, scale), DOT_KIND))  # fmt: skip
+    return e0, e1, e2, e3, e4, e5, e6, e7
+
+
+@triton.jit
+def _x_slice(x_ptr, row_offsets, byte0, J: tl.constexpr, DOT_KIND: tl.constexpr):
+    """[BM, KW]: columns 2 * byte0 + 16J .. + 15 of the K-permuted rows at element offsets row_offsets."""
+    KW: tl.constexpr = REGISTER_K_WORDS
+    cols = 2 * byte0 + J * KW + tl.arange(0, KW)
+    return _to_dot(tl.load(x_ptr + row_offsets[:, None] + cols[None, :]), DOT_KIND)
+
+
+@triton.jit
+def _codes_dot(acc, x_ptr, x_rows, byte0, e0, e1, e2, e3, e4, e5, e6, e7, DOT_KIND: tl.constexpr):
+    """acc [BN, BM] + the 8 code tiles times their x slices (transposed)."""
+    acc = _dot(e0, tl.trans(_x_slice(x_ptr, x_rows, byte0, 0, DOT_KIND)), acc, DOT_KIND)
+    acc = _dot(e1, tl.trans(_x_slice(x_ptr, x_rows, byte0, 1, DOT_KIND)), acc, DOT_KIND)
+    acc = _dot(e2, tl.trans(_x_slice(x_ptr, x_rows, byte0, 2, DOT_KIND)), acc, DOT_KIND)
+    acc = _dot(e3, tl.trans(_x_slice(x_ptr, x_rows, byte0, 3, DOT_KIND)), acc, DOT_KIND)
+    acc = _dot(e4, tl.trans(_x_slice(x_ptr, x_rows, byte0, 4, DOT_KIND)), acc, DOT_KIND)
+    acc = _dot(e5, tl.trans(_x_slice(x_ptr, x_rows, byte0, 5, DOT_KIND)), acc, DOT_KIND)
+    acc = _dot(e6, tl.trans(_x_slice(x_ptr, x_rows, byte0, 6, DOT_KIND)), acc, DOT_KIND)
+    return _dot(e7, tl.trans(_x_slice(x_ptr, x_rows, byte0, 7, DOT_KIND)), acc, DOT_KIND)
+
+
+@triton.jit
+def _register_products(x_ptr, x_rows, w_ptr, s_ptr, rows_a, rows_b, K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       DOT_KIND: tl.constexpr, TWO: tl.constexpr):
+    """DECODE 2: [BLOCK_M, BLOCK_N] float32 products of the K-permuted x rows with the NVFP4 rows rows_a (and rows_b
+    when TWO, sharing the x slices), before the tensor scales; K a multiple of 128."""
+    ASM: tl.constexpr = DOT_KIND == 1
+    acc_a = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for byte0 in range(0, K_BYTES, 4 * REGISTER_K_WORDS):
+        a0, a1, a2, a3, a4, a5, a6, a7 = _word_codes(w_ptr, s_ptr, rows_a, K_BYTES, byte0, DOT_KIND, ASM)
+        acc_a = _codes_dot(acc_a, x_ptr, x_rows, byte0, a0, a1, a2, a3, a4, a5, a6, a7, DOT_KIND)
+        if TWO:
+            b0, b1, b2, b3, b4, b5, b6, b7 = _word_codes(w_ptr, s_ptr, rows_b, K_BYTES, byte0, DOT_KIND, ASM)
+            acc_b = _codes_dot(acc_b, x_ptr, x_rows, byte0, b0, b1, b2, b3, b4, b5, b6, b7, DOT_KIND)
+    return tl.trans(acc_a), tl.trans(acc_b)
+
+
 @triton.jit
 def _tile(packed_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0,
           BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr):
@@ -476,6 +561,8 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
         counters = ticket_counters(x.device, tiles)
     even_k = k_bytes % p.block_kb == 0 and split_bytes * p.split_k == k_bytes
     decode = _decode(p)
+    if decode not in (0, 1):
+        raise ValueError(f"the linear GEMM decodes bytes (0) or words (1), got decode {decode}")
     _w4a16_gemm_kernel[grid](
         x, _packed_operand(packed, decode), scale, scale_2, target, workspace, counters, tokens, rows, x.stride(0), target.stride(0),
         K_BYTES=k_bytes, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KB=p.block_kb, EVEN_K=even_k,
@@ -578,12 +665,17 @@ def _moe_gate_up_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     gate_rows = expert.to(tl.int64) * (2 * I) + tl.minimum(cols, I - 1)
     up_rows = gate_rows + I
-    acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, packed_ptr, scale_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH, SWAP)
-    undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0  # the decoded operand's power of two
+    if DECODE == 2:  # x K-permuted; the activation is written K-permuted for the down launch
+        acc_gate, acc_up = _register_products(x_ptr, x_rows, packed_ptr, scale_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, DOT_KIND, True)
+        act_cols = _permuted_columns(cols)
+    else:
+        acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, packed_ptr, scale_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH, SWAP)
+        act_cols = cols
+    undo: tl.constexpr = 16384.0 if DECODE == 0 else 128.0  # the decoded operand's power of two
     gate = acc_gate * (tl.load(scale_2_ptr + 2 * expert) * undo)
     up = acc_up * (tl.load(scale_2_ptr + 2 * expert + 1) * undo)
     act = gate / (1.0 + tl.exp(-gate)) * up
-    out_ptrs = act_ptr + positions[:, None].to(tl.int64) * I + cols[None, :]
+    out_ptrs = act_ptr + positions[:, None].to(tl.int64) * I + act_cols[None, :]
     tl.store(out_ptrs, act.to(act_ptr.dtype.element_ty), mask=valid[:, None] & (cols < I)[None, :])
 
 
@@ -602,9 +694,12 @@ def _moe_down_kernel(
     act_rows = safe.to(tl.int64) * (2 * I_BYTES)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     down_rows = expert.to(tl.int64) * H + tl.minimum(cols, H - 1)
-    acc = _rows_products(act_ptr, act_rows, packed_ptr, scale_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH, SWAP)
+    if DECODE == 2:  # act K-permuted by the gate/up launch
+        acc, _ = _register_products(act_ptr, act_rows, packed_ptr, scale_ptr, down_rows, down_rows, I_BYTES, BLOCK_M, BLOCK_N, DOT_KIND, False)
+    else:
+        acc = _rows_products(act_ptr, act_rows, packed_ptr, scale_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH, SWAP)
     routing = tl.load(weights_ptr + pairs)  # [BM] float32
-    undo: tl.constexpr = 128.0 if DECODE == 1 else 16384.0
+    undo: tl.constexpr = 16384.0 if DECODE == 0 else 128.0
     acc = acc * (tl.load(scale_2_ptr + expert) * undo) * routing[:, None]
     out_ptrs = pair_out_ptr + pairs[:, None].to(tl.int64) * H + cols[None, :]
     tl.store(out_ptrs, acc, mask=valid[:, None] & (cols < H)[None, :])
@@ -786,9 +881,15 @@ def nvfp4_moe_prefill(
     plan_a, plan_b = plans
     if plan_a.block_m != plan_b.block_m:
         raise ValueError(f"the two MoE plans must share block_m (one block table), got {plan_a.block_m} and {plan_b.block_m}")
+    register = {_decode(plan_a), _decode(plan_b)} == {2}
+    if 2 in (_decode(plan_a), _decode(plan_b)) and not register:
+        raise ValueError(f"decode 2 (register operand) must be both MoE plans' decode or neither's, got {_decode(plan_a)} and {_decode(plan_b)}")
+    if register and (hidden % 128 or inter % 128):  # whole K steps of 128 elements only: the word decode instead
+        plan_a, plan_b = (GemmPlan(**(vars(p) | {"decode": 1})) for p in (plan_a, plan_b))
+        register = False
     order, table = block_table(topk_ids, num_experts, plan_a.block_m)
     blocks = table.shape[1]
-    x = x if x.stride(1) == 1 else x.contiguous()
+    x = permute_k(x) if register else x if x.stride(1) == 1 else x.contiguous()
     staged = interpreting() and x.dtype != torch.float32
     act = torch.empty((pairs, inter), dtype=torch.float32 if staged else x.dtype, device=x.device)  # [P, I] sorted order
     dot_kind = _dot_kind(x.dtype)
@@ -796,7 +897,7 @@ def nvfp4_moe_prefill(
         x, order, table, _packed_operand(experts.gate_up_packed.contiguous(), _decode(plan_a)), experts.gate_up_scale.contiguous(),
         experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
         BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb, EVEN_K=(hidden // 2) % plan_a.block_kb == 0,
-        DOT_KIND=dot_kind, DECODE=_decode(plan_a), PREFETCH=_prefetch(plan_a, moe=True), SWAP=_swap(plan_a, moe=True), num_warps=plan_a.num_warps, num_stages=plan_a.num_stages,
+        DOT_KIND=dot_kind, DECODE=_decode(plan_a), PREFETCH=_prefetch(plan_a, moe=True), SWAP=_swap(plan_a, moe=True), num_warps=plan_a.num_warps, num_stages=1 if register else plan_a.num_stages,
     )
     if staged:  # the interpreter truncates float32 -> bf16; torch rounds
         act = act.to(x.dtype)
@@ -805,7 +906,7 @@ def nvfp4_moe_prefill(
         act, order, topk_weights.contiguous(), table, _packed_operand(experts.down_packed.contiguous(), _decode(plan_b)), experts.down_scale.contiguous(),
         experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
         BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
-        DOT_KIND=dot_kind, DECODE=_decode(plan_b), PREFETCH=_prefetch(plan_b, moe=True), SWAP=_swap(plan_b, moe=True), num_warps=plan_b.num_warps, num_stages=plan_b.num_stages,
+        DOT_KIND=dot_kind, DECODE=_decode(plan_b), PREFETCH=_prefetch(plan_b, moe=True), SWAP=_swap(plan_b, moe=True), num_warps=plan_b.num_warps, num_stages=1 if register else plan_b.num_stages,
     )
     slot_sum(pair_out, out, top_k)
     return out

@@ -388,6 +388,50 @@ for prefetch in (0, 1):
         dtype, x, weights_, ids = MOE_CASES[name]
         results["swap"][f"moe-{name}-prefetch{prefetch}"] = (dtype, rel(run_moe(x, weights_, ids), references[name]))
 nvfp4_gemm.SWAP_LINEAR = nvfp4_gemm.SWAP_MOE = nvfp4_gemm.PREFETCH_LINEAR = nvfp4_gemm.PREFETCH_MOE = 0
+# decode 2 (register operand; x and the activation K-permuted in blocks of 128): experts with H 256 (two K steps) and
+# I 128, against float64 experts; H = 64 falls back to the word decode; a plan pair mixing decode 2 is refused
+E2, H2, I2 = 4, 256, 128
+experts2 = stack_nvfp4_experts([quantized(I2, H2, 0.05 * (1 + e)) for e in range(E2)], [quantized(I2, H2, 0.1) for e in range(E2)],
+                               [quantized(H2, I2, 0.08) for e in range(E2)])  # fmt: skip
+up2 = [torch.cat([deq64(experts2.gate_up_packed[e, :I2], experts2.gate_up_scale[e, :I2], experts2.gate_up_scale_2[e, 0]),
+                  deq64(experts2.gate_up_packed[e, I2:], experts2.gate_up_scale[e, I2:], experts2.gate_up_scale_2[e, 1])]) for e in range(E2)]  # fmt: skip
+down2 = [deq64(experts2.down_packed[e], experts2.down_scale[e], experts2.down_scale_2[e]) for e in range(E2)]
+results["register"] = {}
+results["permute_k"] = bool(torch.equal(nvfp4_gemm.permute_k(torch.arange(256.0).view(1, 256))[0, :20],
+                                        torch.tensor([0.0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120, 1, 9, 17, 25])))
+nvfp4_gemm.DECODE_MOE = 2
+def no_permutation(t):  # known wrong: x left in natural K order while the codes are split by position in the word
+    return t.contiguous()
+
+for name, T, k, dtype in (("t9-k2-bf16", 9, 2, torch.bfloat16), ("t30-k3-bf16", 30, 3, torch.bfloat16)):  # float32 x keeps the word decode
+    ids = torch.stack([torch.randperm(E2, generator=g)[:k] for _ in range(T)]).int()
+    ids[:, 0] = 1 if T > 20 else ids[:, 0]  # one busy expert: two token blocks
+    w2 = torch.rand(T, k, generator=g) + 0.1
+    w2 = w2 / w2.sum(dim=1, keepdim=True)
+    x2 = torch.randn(T, H2, generator=g).to(dtype)
+    ref2 = torch.zeros(T, H2, dtype=torch.float64)
+    for t in range(T):
+        for j in range(k):
+            e = int(ids[t, j])
+            h = up2[e] @ x2[t].double()
+            ref2[t] += float(w2[t, j]) * (down2[e] @ (torch.nn.functional.silu(h[:I2]) * h[I2:]).to(dtype).double())
+    out2 = torch.full((T, H2), float("nan"), dtype=dtype)
+    nvfp4_gemm.nvfp4_moe_prefill(x2, w2, ids, experts2, out2)
+    results["register"][name] = ("bfloat16", rel(out2, ref2))
+    real_permute, nvfp4_gemm.permute_k = nvfp4_gemm.permute_k, no_permutation
+    out2 = torch.full((T, H2), float("nan"), dtype=dtype)
+    nvfp4_gemm.nvfp4_moe_prefill(x2, w2, ids, experts2, out2)
+    nvfp4_gemm.permute_k = real_permute
+    results["moe_wrong"][f"register_without_permutation|{name}"] = ("bfloat16", rel(out2, ref2))
+dtype, x, weights_, ids = MOE_CASES["t40-k2-skew-bf16"]
+results["register"]["fallback-h64-bf16"] = (dtype, rel(run_moe(x, weights_, ids), references["t40-k2-skew-bf16"]))
+nvfp4_gemm.DECODE_MOE = -1
+try:
+    mixed = (nvfp4_gemm.GemmPlan(16, 32, 64, 4, 1, decode=2), nvfp4_gemm.GemmPlan(16, 64, 32, 4, 3, decode=1))
+    nvfp4_gemm.nvfp4_moe_prefill(*MOE_CASES["t3-k4-f32"][1:], experts, torch.empty(3, H), plans=mixed)
+    results["register_mixed_error"] = ""
+except ValueError as error:
+    results["register_mixed_error"] = str(error)
 x, packed, scale, scale_2, ref = gemm_inputs["m97-k80-rows-f32"]  # three K steps
 results["gemm_wrong"]["prefetch_one_step_late"] = ("float32", rel(run_gemm(x, packed, scale, scale_2, prefetch_one_step_late), ref))
 try:
@@ -430,7 +474,7 @@ def test_moe_matches_the_torch_op_in_float32(results):
 
 
 def test_moe_rejects_known_wrong_variants(results):
-    assert len(results["moe_wrong"]) == 8
+    assert len(results["moe_wrong"]) == 10
     for name, (dtype, error) in results["moe_wrong"].items():
         assert error > 10 * BOUNDS[dtype], (name, error)
 
@@ -451,6 +495,15 @@ def test_swapped_operands_match_the_float64_references(results):
     assert len(results["swap"]) == 18
     for name, (dtype, error) in results["swap"].items():
         assert error < BOUNDS[dtype], (name, error)
+
+
+def test_register_decode_matches_the_float64_experts(results):
+    """Decode 2: codes split by position in the word, x and the activation K-permuted (`permute_k`), 8 dots per K step."""
+    assert results["permute_k"]
+    assert sorted(results["register"]) == ["fallback-h64-bf16", "t30-k3-bf16", "t9-k2-bf16"]
+    for name, (dtype, error) in results["register"].items():
+        assert error < BOUNDS[dtype], (name, error)
+    assert "must be both MoE plans' decode" in results["register_mixed_error"]
 
 
 def test_moe_plans_must_share_the_token_block(results):
@@ -529,13 +582,14 @@ def _cuda_experts(num_experts: int, hidden: int, inter: int, generator: torch.Ge
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("swap", [0, 1])
-def test_moe_prefill_matches_the_torch_op_on_cuda(swap, monkeypatch):
+@pytest.mark.parametrize(("swap", "decode_moe"), [(0, -1), (1, -1), (0, 2)])
+def test_moe_prefill_matches_the_torch_op_on_cuda(swap, decode_moe, monkeypatch):
     from reference_engine.kernels import nvfp4_gemm
     from reference_engine.kernels.nvfp4_gemm import nvfp4_moe_prefill
     from reference_engine.ops.moe import routed_experts
 
     monkeypatch.setattr(nvfp4_gemm, "SWAP_MOE", swap)
+    monkeypatch.setattr(nvfp4_gemm, "DECODE_MOE", decode_moe)
 
     E, H, I, k, T = 256, 2048, 512, 8, 1024
     generator = torch.Generator().manual_seed(3)
