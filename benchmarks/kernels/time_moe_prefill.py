@@ -4,8 +4,9 @@ block; write the winners into a tuning file.
 
     PYTHONPATH=. python3 benchmarks/kernels/time_moe_prefill.py results.json [tuning-in.json [tuning-out.json]] [--tiles]
 
-`--tiles`: the experts only, the committed plans against decode 2 (`gemm_decode_moe`, the register operand) at the
-tiles the keys express; tuning-out gets `gemm_decode_moe` 2 and those tiles for a gain of 2% or more.
+`--tiles`: the experts only, the committed plans against the fused gate/up launch (`moe_prefill_fused_gate_up`, one
+dot over interleaved gate and up rows, 128 or 64 rows of each) and decode 2 (`gemm_decode_moe`, the register operand)
+at the tiles the keys express; tuning-out gets the best of them for a gain of 2% or more.
 
 Routed experts (`nvfp4_moe_prefill`, 256 experts, H 2048, I 512, top-8, routing from random logits) at 1024
 tokens: the committed plan, then each variant in `moe_variants`. Linears (`w4a16_gemm`): the decode batches' tiles
@@ -83,10 +84,15 @@ def moe_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
 
 
 def tile_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
-    """`--tiles`: the committed plans, then decode 2 (`register_variants`). (run35 timed single changes no tuning key
-    expresses, pipeline stages 2/4, a 128-element K step, 4 warps, 256 rows: none faster, `benchmarks/NOTES.md`.)"""
+    """`--tiles`: the committed plans, then the fused gate/up launch and (REGISTER) decode 2 (`register_variants`). (run35
+    timed single changes no tuning key expresses, pipeline stages 2/4, a 128-element K step, 4 warps, 256 rows: none
+    faster, `benchmarks/NOTES.md`.)"""
     base_a, base_b = plan("moe_gate_up", tokens * TOP_K, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", tokens * TOP_K, HIDDEN, INTER, num_experts=EXPERTS)
-    return {"committed": (base_a, base_b)} | register_variants(tokens)
+    fused = {f"fused gate/up rows {rows}": (with_fields(base_a, block_n=rows, fused=1), base_b) for rows in (128, 64)}
+    return {"committed": (base_a, base_b)} | fused | (register_variants(tokens) if REGISTER else {})
+
+
+REGISTER = False  # decode 2 in `--tiles` (run36: 2.4 to 4.9 times slower than the committed plans, so left out since)
 
 
 def register_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
@@ -178,11 +184,13 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tiles: bool =
         print(f"moe at 1024 tokens: committed {moe['committed']:.1f} us, best {pick!r} {moe.get(pick, float('nan')):.1f} us", flush=True)
         if tuning_in and tuning_out:
             tuning = json.loads(Path(tuning_in).read_text())
-            if pick is not None and moe[pick] <= GAIN * moe["committed"]:
+            if pick is not None and moe[pick] <= GAIN * moe["committed"] and pick.startswith("fused"):
+                tuning |= {"moe_prefill_fused_gate_up": 1, "moe_prefill_gate_up_block_n": int(pick.split()[-1])}
+            elif pick is not None and moe[pick] <= GAIN * moe["committed"]:
                 *_, block_m_max, _, rows = pick.split()
                 tuning |= {"gemm_decode_moe": 2, "moe_prefill_block_m_max": int(block_m_max), "moe_prefill_gate_up_block_n": int(rows)}
             Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
-            print("tuning:", {key: tuning.get(key) for key in ("gemm_decode_moe", "moe_prefill_block_m_max", "moe_prefill_gate_up_block_n")}, flush=True)
+            print("tuning:", {key: tuning.get(key) for key in ("gemm_decode_moe", "moe_prefill_fused_gate_up", "moe_prefill_block_m_max", "moe_prefill_gate_up_block_n")}, flush=True)
         return
     linears = time_linears(records)
     best = min((label for label in moe if moe[label] == moe[label]), key=moe.get)

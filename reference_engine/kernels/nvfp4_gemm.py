@@ -93,6 +93,7 @@ class GemmPlan:
     decode: int = -1  # weight decode: 0 bytes, 1 int32 words (see `_weight_tile_words`), 2 register operand (routed experts only, `_register_products`); -1: the module's `DECODE`
     prefetch: int = -1  # 1: the next K step's x tile and block scales loaded a step ahead; -1: the module's `PREFETCH_*`
     swap: int = -1  # 1: the weight tile is the dot's first operand (`_mma`); -1: the module's `SWAP_*`
+    fused: int = -1  # routed experts' gate/up launch: 1 one dot over interleaved gate and up rows; -1: the module's `FUSE_GATE_UP`
 
 
 DECODE = 0  # the weight decode of every plan that does not name one (the tuning file may set 1)
@@ -100,6 +101,7 @@ PREFETCH_LINEAR = 0  # `prefetch` of the linears' plans that do not name one (th
 PREFETCH_MOE = 0  # the same for the routed experts' two launches
 SWAP_LINEAR = 0  # `swap` of the linears' plans that do not name one (the tuning file may set 1)
 SWAP_MOE = 0  # the same for the routed experts' two launches
+FUSE_GATE_UP = 0  # `fused` of the gate/up plans that do not name one (the tuning file may set 1)
 
 
 def _decode(p: GemmPlan) -> int:
@@ -344,7 +346,10 @@ def _weight_tile_words(words_ptr, scale, rows, K_BYTES: tl.constexpr, byte0,
 # interleaved back into K order, so Triton (3.6, loops without pipelining stages) decodes straight into wgmma's
 # register operand layout (weights first, tokens as N): only the code words and block scales pass through shared
 # memory, against the whole decoded bfloat16 tile for DECODE 0 and 1 (run35: ncu had the 1024-token gate/up launch at
-# 73% shared-memory/L1 busy and 25% DRAM). Same products, another summation order.
+# 73% shared-memory/L1 busy and 25% DRAM). Same products, another summation order. Measured slower (run36, H200, 1024
+# tokens, whole op: 1155 to 2332 us against 476): without pipelining stages every K step waits for its loads, and a
+# by-hand prefetch of the next words (loop-carried registers) sends the decoded tiles back through shared memory.
+# Kept as a tuning option (`gemm_decode_moe`, off) for a Triton that pipelines into register layouts.
 REGISTER_K_WORDS = tl.constexpr(16)  # int32 words per weight row and K step in DECODE 2 (128 elements)
 
 
@@ -654,7 +659,7 @@ def _moe_gate_up_kernel(
     x_ptr, order_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, act_ptr,
     MAX_BLOCKS, stride_xm,
     I: tl.constexpr, H_BYTES: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr,
-    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0, SWAP: tl.constexpr = 0,
+    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0, SWAP: tl.constexpr = 0, FUSED: tl.constexpr = 0,
 ):
     block = tl.program_id(0)
     expert, positions, valid, safe = _block_rows(blocks_ptr, block, MAX_BLOCKS, BLOCK_M)
@@ -668,6 +673,12 @@ def _moe_gate_up_kernel(
     if DECODE == 2:  # x K-permuted; the activation is written K-permuted for the down launch
         acc_gate, acc_up = _register_products(x_ptr, x_rows, packed_ptr, scale_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, DOT_KIND, True)
         act_cols = _permuted_columns(cols)
+    elif FUSED:  # one [BM, 2 BN] dot over gate and up rows interleaved (each x tile read once per warpgroup, not twice)
+        pair = tl.arange(0, 2 * BLOCK_N)
+        rows = expert.to(tl.int64) * (2 * I) + (pair % 2) * I + tl.minimum(tl.program_id(1) * BLOCK_N + pair // 2, I - 1)
+        acc = _rows_products(x_ptr, x_rows, packed_ptr, scale_ptr, rows, H_BYTES, BLOCK_M, 2 * BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH, SWAP)
+        acc_gate, acc_up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+        act_cols = cols
     else:
         acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, packed_ptr, scale_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, PREFETCH, SWAP)
         act_cols = cols
@@ -897,7 +908,8 @@ def nvfp4_moe_prefill(
         x, order, table, _packed_operand(experts.gate_up_packed.contiguous(), _decode(plan_a)), experts.gate_up_scale.contiguous(),
         experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
         BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb, EVEN_K=(hidden // 2) % plan_a.block_kb == 0,
-        DOT_KIND=dot_kind, DECODE=_decode(plan_a), PREFETCH=_prefetch(plan_a, moe=True), SWAP=_swap(plan_a, moe=True), num_warps=plan_a.num_warps, num_stages=1 if register else plan_a.num_stages,
+        DOT_KIND=dot_kind, DECODE=_decode(plan_a), PREFETCH=_prefetch(plan_a, moe=True), SWAP=_swap(plan_a, moe=True),
+        FUSED=FUSE_GATE_UP if plan_a.fused < 0 else plan_a.fused, num_warps=plan_a.num_warps, num_stages=1 if register else plan_a.num_stages,
     )
     if staged:  # the interpreter truncates float32 -> bf16; torch rounds
         act = act.to(x.dtype)

@@ -388,6 +388,13 @@ for prefetch in (0, 1):
         dtype, x, weights_, ids = MOE_CASES[name]
         results["swap"][f"moe-{name}-prefetch{prefetch}"] = (dtype, rel(run_moe(x, weights_, ids), references[name]))
 nvfp4_gemm.SWAP_LINEAR = nvfp4_gemm.SWAP_MOE = nvfp4_gemm.PREFETCH_LINEAR = nvfp4_gemm.PREFETCH_MOE = 0
+# fused gate/up (one dot over interleaved gate and up rows, split after): the same float64 references
+for prefetch in (0, 1):
+    nvfp4_gemm.FUSE_GATE_UP, nvfp4_gemm.PREFETCH_MOE = 1, prefetch
+    for name in ("t3-k4-f32", "t40-k2-skew-bf16", "t24-k3-padding-bf16"):
+        dtype, x, weights_, ids = MOE_CASES[name]
+        results["swap"][f"moe-fused-{name}-prefetch{prefetch}"] = (dtype, rel(run_moe(x, weights_, ids), references[name]))
+nvfp4_gemm.FUSE_GATE_UP = nvfp4_gemm.PREFETCH_MOE = 0
 # decode 2 (register operand; x and the activation K-permuted in blocks of 128): experts with H 256 (two K steps) and
 # I 128, against float64 experts; H = 64 falls back to the word decode; a plan pair mixing decode 2 is refused
 E2, H2, I2 = 4, 256, 128
@@ -491,8 +498,9 @@ def test_prefetch_matches_the_plain_loop_exactly(results):
 
 
 def test_swapped_operands_match_the_float64_references(results):
-    """The weight tile as the dot's first operand: linears (masked K, per-row scales, split-K) and the routed experts."""
-    assert len(results["swap"]) == 18
+    """The weight tile as the dot's first operand: linears (masked K, per-row scales, split-K) and the routed experts;
+    the experts' gate/up launch as one dot over interleaved gate and up rows."""
+    assert len(results["swap"]) == 24
     for name, (dtype, error) in results["swap"].items():
         assert error < BOUNDS[dtype], (name, error)
 
@@ -582,14 +590,15 @@ def _cuda_experts(num_experts: int, hidden: int, inter: int, generator: torch.Ge
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(("swap", "decode_moe"), [(0, -1), (1, -1), (0, 2)])
-def test_moe_prefill_matches_the_torch_op_on_cuda(swap, decode_moe, monkeypatch):
+@pytest.mark.parametrize(("swap", "decode_moe", "fused"), [(0, -1, 0), (1, -1, 0), (0, 2, 0), (0, -1, 1)])
+def test_moe_prefill_matches_the_torch_op_on_cuda(swap, decode_moe, fused, monkeypatch):
     from reference_engine.kernels import nvfp4_gemm
     from reference_engine.kernels.nvfp4_gemm import nvfp4_moe_prefill
     from reference_engine.ops.moe import routed_experts
 
     monkeypatch.setattr(nvfp4_gemm, "SWAP_MOE", swap)
     monkeypatch.setattr(nvfp4_gemm, "DECODE_MOE", decode_moe)
+    monkeypatch.setattr(nvfp4_gemm, "FUSE_GATE_UP", fused)
 
     E, H, I, k, T = 256, 2048, 512, 8, 1024
     generator = torch.Generator().manual_seed(3)
