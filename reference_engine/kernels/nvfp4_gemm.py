@@ -52,6 +52,15 @@ for sm_90 ahead of time (Triton 3.6, bundled ptxas) and use wgmma without regist
   else 4. H200, 1024 tokens, whole op (run27): 64-token blocks with 64 rows 522.2 us, 32-token blocks 492.3,
   64-token blocks with 128 rows 474.5, and with the one-step-ahead loads (`PREFETCH_MOE`) 466.8.
 - float32 activations (IEEE FMA dots, no tensor cores; not the model's dtype): halved tiles.
+
+Options the tuning file switches (each measured on the H200, `benchmarks/NOTES.md`, tenth session):
+- `swap` (`SWAP_LINEAR` / `SWAP_MOE`): `W x^T` instead of `x W^T` (`_mma`), the tokens as the dot's N, which wgmma allows
+  from 8, so a decode batch no longer pads M to 64 (run34: linears at 8..128 tokens 246.6 -> 232.3 us summed, on for
+  the linears; the experts' 64-token tiles gained nothing, off).
+- `fused` (`FUSE_GATE_UP`): the experts' gate/up launch as one dot over interleaved gate and up rows, split after
+  (run37: 476 to 502 us against 475, off).
+- decode 2 (`DECODE_MOE`): the experts' GEMMs decode straight into wgmma's register operand (`_register_products`;
+  run36: 2.4 to 4.9 times slower, off).
 """
 
 from __future__ import annotations
