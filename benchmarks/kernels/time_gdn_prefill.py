@@ -5,8 +5,9 @@
 One layer, Hk=16, Hv=32, Dk=Dv=128, bfloat16 q/k/v, float32 gates and state, prompt lengths 1024 and
 4096 (one sequence) and 4 x 256 (ragged batch). Each implementation's output and final state are
 compared with the torch op (relative Frobenius error) before it is timed; the Triton kernel (tf32 dots, the
-blocked inverse) runs launch 2 as a while loop (`SCAN_STAGES` 0) or as a range loop software-pipelined with 2 or 3
-stages, with 32 or 16 value columns per program (`BLOCK_V_MAX`). (run19 timed the dot precisions and the inverses.) fla (flash-linear-attention's
+blocked inverse) runs launch 2 as a while loop (`SCAN_STAGES` 0) or as a range loop software-pipelined with 2 stages,
+and launch 1 with 8 or 4 warps (`PREPARE_WARPS`). (run19 timed the dot precisions and the inverses; run34 also 3
+stages and 16 value columns per program.) fla (flash-linear-attention's
 `chunk_gated_delta_rule`, the kernels transformers calls) is timed where it imports, with q/k repeated
 to the value heads as transformers does. Medians of CUDA-event timings of eager calls (host launch
 cost included, as a prefill pays it). No speed is asserted.
@@ -25,6 +26,7 @@ from reference_engine.kernels import gdn_chunked_prefill as triton_gdn
 from reference_engine.ops.linear_attention import gdn_chunked_prefill as torch_gdn
 
 HK, HV, D = 16, 32, 128
+VARIANTS = ((0, 0), (2, 0), (2, 4))  # (launch 2's pipelining stages, launch 1's warps; 0: the module's 8)
 
 
 def inputs(lengths: list[int]):
@@ -61,14 +63,14 @@ def main(path: str) -> None:
             torch_gdn(q, k, v, gate, beta, cu, state, out=torch.empty_like(v), final_state=torch.empty_like(state))
 
         candidates = {"torch op": run_torch}
-        for stages, block_v in ((0, 32), (2, 32), (3, 32), (0, 16), (2, 16)):  # tf32, blocked inverse (the committed kernel: 0, 32)
+        for stages, warps in VARIANTS:  # tf32, blocked inverse, 32 value columns per program of launch 2
 
-            def run_triton(stages=stages, block_v=block_v, out=None, final=None):
-                triton_gdn.SCAN_STAGES, triton_gdn.BLOCK_V_MAX = stages, block_v
+            def run_triton(stages=stages, warps=warps, out=None, final=None):
+                triton_gdn.SCAN_STAGES, triton_gdn.PREPARE_WARPS = stages, warps
                 triton_gdn.gdn_chunked_prefill(q, k, v, gate, beta, cu, state, out=torch.empty_like(v) if out is None else out,
                                                final_state=torch.empty_like(state) if final is None else final)  # fmt: skip
 
-            candidates[f"triton stages {stages} block_v {block_v}"] = run_triton
+            candidates[f"triton stages {stages} prepare warps {warps or 8}"] = run_triton
         if chunk_gated_delta_rule is not None:
 
             def run_fla(result=None):
@@ -101,7 +103,7 @@ def main(path: str) -> None:
             print(f"T={tokens:5d} B={seqs} {name:22s} {seconds * 1e3:8.3f} ms  out rel {errors[0]:.1e}  state rel {errors[1]:.1e}", flush=True)
         with open(path, "w") as handle:
             json.dump(records, handle, indent=1)
-    triton_gdn.SCAN_STAGES, triton_gdn.BLOCK_V_MAX = 0, 32
+    triton_gdn.SCAN_STAGES, triton_gdn.PREPARE_WARPS = 0, 0
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ BLOCK_V_MAX = 32  # value columns per program of launch 2 (Dv = 128: 4 column bl
 BLOCK_D_MAX = 32  # columns of q, k, v per slice in launch 1
 SUB_CHUNK = tl.constexpr(16)  # diagonal block of launch 1's blocked inverse (`_unit_lower_inverse_blocked`)
 BLOCKED_INVERSE = True  # launch 1 inverts I + A blockwise (16 + 4 steps at C = 64); False: row-by-row substitution (64 steps)
+PREPARE_WARPS = 0  # launch 1's warps at C = 64, Dk = Dv = 128 (0: NUM_WARPS; 4 fits two programs per SM at 255 registers)
 SCAN_STAGES = 0  # launch 2's chunk loop: 0 a while loop, >= 1 a range loop pipelined with that many stages (benchmarks)
 NUM_WARPS = 8  # both launches at C = 64, Dk = Dv = 128 (4 warps spill more; see below)
 # float32 operands of tl.dot on the GPU, by the dtype of q, k, v. "tf32x3" (three tensor-core passes, about fp32
@@ -382,7 +383,7 @@ def gdn_chunked_prefill(
     _gdn_chunk_prepare_kernel[(num_slots, num_v_heads)](
         q_in, k_in, v_in, g.contiguous(), beta.contiguous(), chunk_start, chunk_len, w, u, p, f, q_scale,
         HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_DV=block_dv,
-        BLOCK_D=min(BLOCK_D_MAX, block_k, block_dv), EPS=L2_EPS, PRECISION=precision, BLOCKED_INVERSE=BLOCKED_INVERSE, num_warps=NUM_WARPS if block_c * block_k >= 64 * 128 else 4,
+        BLOCK_D=min(BLOCK_D_MAX, block_k, block_dv), EPS=L2_EPS, PRECISION=precision, BLOCKED_INVERSE=BLOCKED_INVERSE, num_warps=(PREPARE_WARPS or NUM_WARPS) if block_c * block_k >= 64 * 128 else 4,
     )
 
     source = initial_state if initial_state.is_contiguous() else initial_state.contiguous()

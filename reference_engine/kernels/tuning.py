@@ -25,7 +25,8 @@ first operand (wgmma reads it from registers; the tokens become the dot's N), `g
 prefill GEMMs decoding straight into wgmma's register operand (K-permuted x, `nvfp4_gemm._register_products`),
 `moe_prefill_fused_gate_up` 1 their gate/up launch running one dot over interleaved gate and up rows, `gdn_prefill_scan_stages` how the
 chunked GDN prefill's second launch walks the chunks (0 a while loop, else a range loop pipelined with that many stages;
-`benchmarks/kernels/time_gdn_prefill.py`), `moe_prefill_block_m_max` the routed experts' largest token block and
+`benchmarks/kernels/time_gdn_prefill.py`), `gdn_prefill_prepare_warps` the warps of its first launch,
+`moe_prefill_block_m_max` the routed experts' largest token block and
 `moe_prefill_gate_up_block_n` their gate/up rows per program
 (`benchmarks/kernels/time_moe_prefill.py`), `small_m_gemm` their tiles per shape at decode batches (`benchmarks/kernels/time_gemm_tiles.py`);
 `moe_grouped_decode` the batch from which the decode MoE block runs grouped by expert, and its tiles
@@ -133,6 +134,7 @@ class TuningFile(BaseModel):
     gemm_decode_moe: int | None = Field(default=None, ge=1, le=2)  # the routed experts' prefill GEMMs: 2 decodes into the register operand
     moe_prefill_fused_gate_up: int | None = Field(default=None, ge=0, le=1)  # their gate/up launch: 1 one dot over interleaved gate and up rows
     gdn_prefill_scan_stages: int | None = Field(default=None, ge=0, le=4)  # chunked GDN prefill's launch 2: 0 while loop, else pipelined stages
+    gdn_prefill_prepare_warps: Literal[4, 8] | None = None  # its launch 1's warps at the real head shape
     moe_prefill_block_m_max: Literal[16, 32, 64] | None = None  # the routed experts' prefill GEMMs: largest token block
     moe_prefill_gate_up_block_n: Literal[64, 128] | None = None  # their first launch: gate (and up) rows per program
     dequant_cache: bool | None = None  # keep those bfloat16 copies between prefills (2.8 GB at the real size)
@@ -188,6 +190,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
             setattr(nvfp4_gemm, name, value)
     if tuning.gdn_prefill_scan_stages is not None:
         gdn_chunked_prefill.SCAN_STAGES = tuning.gdn_prefill_scan_stages
+    if tuning.gdn_prefill_prepare_warps is not None:
+        gdn_chunked_prefill.PREPARE_WARPS = tuning.gdn_prefill_prepare_warps
     if tuning.dequant_min_tokens is not None:
         nvfp4_dequant.MIN_TOKENS = tuning.dequant_min_tokens
     if tuning.dequant_cache is not None:

@@ -207,8 +207,8 @@ def test_the_comparison_rejects_a_known_wrong_kernel(measured, wrong):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("lengths", [[1024], [1, 255, 256, 512]])
-@pytest.mark.parametrize("stages", [0, 2])
-def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths, dtype, stages, monkeypatch):
+@pytest.mark.parametrize(("stages", "prepare_warps"), [(0, 0), (2, 0), (2, 4)])
+def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths, dtype, stages, prepare_warps, monkeypatch):
     """bfloat16 inputs run one-pass tf32 dots (within the contract's bfloat16 bounds, and tighter than fla's run19
     figures); float32 inputs run tf32x3, about float32 accuracy. Launch 2 as a while loop and as a pipelined range loop."""
     from reference_engine.kernels import gdn_chunked_prefill as kernel_module
@@ -216,6 +216,7 @@ def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths, dtype, sta
     from reference_engine.ops.linear_attention import gdn_chunked_prefill as torch_op
 
     monkeypatch.setattr(kernel_module, "SCAN_STAGES", stages)
+    monkeypatch.setattr(kernel_module, "PREPARE_WARPS", prepare_warps)
 
     generator = torch.Generator(device="cuda").manual_seed(len(lengths))
     tokens, batch = sum(lengths), len(lengths)

@@ -47,7 +47,7 @@ settings = {"device": "test", "nvfp4_gemv": [{"tokens": 1, "rows": 48, "k_bytes"
             "moe_decode": {"LOOP": 3, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 32, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 16, "WORDS": 1, "DOWN_SPLIT": 2},
             "moe_decode_batch_one": {"LOOP": 0, "GATE_UP_BLOCK_N": 16, "GATE_UP_BLOCK_K": 16, "DOWN_BLOCK_H": 16, "DOWN_BLOCK_I": 16, "WORDS": 2, "DOWN_SPLIT": 3},
             "gdn_step_split": 8, "dequant_min_tokens": 128, "paged_min_tokens_per_split": 16, "paged_waves": 8,
-            "gemm_prefetch_linear": 1, "gemm_prefetch_moe": 1, "gemm_swap_linear": 1, "gemm_swap_moe": 1, "gdn_prefill_scan_stages": 2, "gemm_decode_moe": 2, "moe_prefill_fused_gate_up": 1, "moe_prefill_block_m_max": 32, "moe_prefill_gate_up_block_n": 128, "dequant_cache": True,
+            "gemm_prefetch_linear": 1, "gemm_prefetch_moe": 1, "gemm_swap_linear": 1, "gemm_swap_moe": 1, "gdn_prefill_scan_stages": 2, "gdn_prefill_prepare_warps": 4, "gemm_decode_moe": 2, "moe_prefill_fused_gate_up": 1, "moe_prefill_block_m_max": 32, "moe_prefill_gate_up_block_n": 128, "dequant_cache": True,
             "gemv_words": 1, "gemm_min_tokens": 16, "gemm_decode": 1, "small_m_gemm": [{"block_m": 16, "rows": 48, "k": 256, "config": [16, 4, 2]}],
             "moe_grouped_decode": {"min_tokens": 4, "gate_up_block_n": 16, "down_block_n": 16, "num_stages": 2}}
 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
@@ -64,7 +64,7 @@ from reference_engine.kernels import nvfp4_gemm
 assert nvfp4_gemm.DECODE == 1 and nvfp4_gemm.plan("linear", 16, 48, 256) == nvfp4_gemm.GemmPlan(16, 16, 32, 4, 3, 2)
 from reference_engine.kernels import gdn_chunked_prefill
 assert nvfp4_gemm.SWAP_LINEAR == 1 and nvfp4_gemm.SWAP_MOE == 1 and gdn_chunked_prefill.SCAN_STAGES == 2 and nvfp4_gemm.FUSE_GATE_UP == 1
-assert nvfp4_gemm.DECODE_MOE == 2
+assert nvfp4_gemm.DECODE_MOE == 2 and gdn_chunked_prefill.PREPARE_WARPS == 4
 nvfp4_gemm.DECODE_MOE = -1  # the checks below are of the other keys (decode 2 has its own tests)
 assert nvfp4_gemm.PREFETCH_LINEAR == 1 and nvfp4_gemm.PREFETCH_MOE == 1 and nvfp4_gemm.plan("moe_gate_up", 8192, 512, 2048, num_experts=256).block_m == 32
 assert nvfp4_gemm.plan("moe_gate_up", 8192, 512, 2048, num_experts=256).block_n == 128 and nvfp4_gemm.plan("moe_down", 8192, 2048, 512, num_experts=256).block_n == 128
