@@ -62,8 +62,8 @@ BLOCK_V_MAX = 32  # value columns per program of launch 2 (Dv = 128: 4 column bl
 BLOCK_D_MAX = 32  # columns of q, k, v per slice in launch 1
 SUB_CHUNK = tl.constexpr(16)  # diagonal block of launch 1's blocked inverse (`_unit_lower_inverse_blocked`)
 BLOCKED_INVERSE = True  # launch 1 inverts I + A blockwise (16 + 4 steps at C = 64); False: row-by-row substitution (64 steps)
-PREPARE_WARPS = 0  # launch 1's warps at C = 64, Dk = Dv = 128 (0: NUM_WARPS; 4 fits two programs per SM at 255 registers)
-SCAN_STAGES = 0  # launch 2's chunk loop: 0 a while loop, >= 1 a range loop pipelined with that many stages (benchmarks)
+PREPARE_WARPS = 0  # launch 1's warps at C = 64, Dk = Dv = 128 (0: NUM_WARPS; 4 fits two programs per SM at 255 registers: run40, 0.321 -> 0.279 ms per layer at 1024 tokens with the pipelined walk)
+SCAN_STAGES = 0  # launch 2's chunk loop: 0 a while loop, >= 1 a range loop pipelined with that many stages (run34: 2 stages 0.379 -> 0.327 ms per layer at 1024 tokens)
 NUM_WARPS = 8  # both launches at C = 64, Dk = Dv = 128 (4 warps spill more; see below)
 # float32 operands of tl.dot on the GPU, by the dtype of q, k, v. "tf32x3" (three tensor-core passes, about fp32
 # accuracy) for float32 inputs: ptxas for sm_90 at the real shape, 8 warps: launch 1 255 registers, no spill;
