@@ -323,6 +323,23 @@ def _code_times_scale(words, j: tl.constexpr, scale_f32):
 
 
 @triton.jit
+def _word_elements(words, scale, DOT_KIND: tl.constexpr, ASM: tl.constexpr):
+    """int32 words [BN, KW] (8 codes each) and one float32 block scale per word -> 8 tiles [BN, KW] in the dot dtype,
+    tile j holding code j of every word as e2m1 * scale * 2^-7 (PTX bfloat16 pairs when ASM, else the portable form)."""
+    if ASM:
+        e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
+            _BF16_PAIRS_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, (scale * WORD_SCALE_SHIFT).to(tl.bfloat16)],
+            dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1,
+        )  # fmt: skip
+    else:
+        e0, e1, e2, e3 = (_to_dot(_code_times_scale(words, 0, scale), DOT_KIND), _to_dot(_code_times_scale(words, 1, scale), DOT_KIND),
+                          _to_dot(_code_times_scale(words, 2, scale), DOT_KIND), _to_dot(_code_times_scale(words, 3, scale), DOT_KIND))  # fmt: skip
+        e4, e5, e6, e7 = (_to_dot(_code_times_scale(words, 4, scale), DOT_KIND), _to_dot(_code_times_scale(words, 5, scale), DOT_KIND),
+                          _to_dot(_code_times_scale(words, 6, scale), DOT_KIND), _to_dot(_code_times_scale(words, 7, scale), DOT_KIND))  # fmt: skip
+    return e0, e1, e2, e3, e4, e5, e6, e7
+
+
+@triton.jit
 def _weight_tile_words(words_ptr, scale, rows, K_BYTES: tl.constexpr, byte0,
                        BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr, EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, ASM: tl.constexpr):
     """`_weight_tile` reading int32 words: the same [BLOCK_N, 2 * BLOCK_KB] tile as e2m1 * block_scale * 2^-7."""
@@ -334,16 +351,7 @@ def _weight_tile_words(words_ptr, scale, rows, K_BYTES: tl.constexpr, byte0,
     else:
         words = tl.load(word_ptrs, mask=(word_cols < K_BYTES // 4)[None, :], other=0)
     scale = tl.reshape(tl.broadcast_to(scale.to(tl.float32)[:, :, None], (BLOCK_N, BLOCK_KB // 8, 2)), (BLOCK_N, KW))  # one per word
-    if ASM:
-        e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
-            _BF16_PAIRS_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, (scale * WORD_SCALE_SHIFT).to(tl.bfloat16)],
-            dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1,
-        )  # fmt: skip
-    else:
-        e0, e1, e2, e3 = (_to_dot(_code_times_scale(words, 0, scale), DOT_KIND), _to_dot(_code_times_scale(words, 1, scale), DOT_KIND),
-                          _to_dot(_code_times_scale(words, 2, scale), DOT_KIND), _to_dot(_code_times_scale(words, 3, scale), DOT_KIND))  # fmt: skip
-        e4, e5, e6, e7 = (_to_dot(_code_times_scale(words, 4, scale), DOT_KIND), _to_dot(_code_times_scale(words, 5, scale), DOT_KIND),
-                          _to_dot(_code_times_scale(words, 6, scale), DOT_KIND), _to_dot(_code_times_scale(words, 7, scale), DOT_KIND))  # fmt: skip
+    e0, e1, e2, e3, e4, e5, e6, e7 = _word_elements(words, scale, DOT_KIND, ASM)
     # each join adds an innermost axis, so joining on bit 2 of j first, then bit 1, then bit 0 flattens to j
     pairs = tl.join(tl.join(tl.join(e0, e4), tl.join(e2, e6)), tl.join(tl.join(e1, e5), tl.join(e3, e7)))  # [BN, KW, 2, 2, 2]
     return tl.reshape(pairs, (BLOCK_N, 2 * BLOCK_KB))
@@ -383,17 +391,7 @@ def _word_codes(words_ptr, scale_ptr, rows, K_BYTES: tl.constexpr, byte0, DOT_KI
     word_cols = byte0 // 4 + tl.arange(0, KW)
     words = tl.load(words_ptr + rows[:, None] * (K_BYTES // 4) + word_cols[None, :])  # [BN, KW] int32
     scale = tl.load(scale_ptr + rows[:, None] * (K_BYTES // 8) + (word_cols // 2)[None, :]).to(tl.float32)  # two words per block
-    if ASM:
-        e0, e4, e1, e5, e2, e6, e3, e7 = tl.inline_asm_elementwise(
-            _BF16_PAIRS_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,r,h", [words, (scale * WORD_SCALE_SHIFT).to(tl.bfloat16)],
-            dtype=(tl.bfloat16,) * 8, is_pure=True, pack=1,
-        )  # fmt: skip
-    else:
-        e0, e1, e2, e3 = (_to_dot(_code_times_scale(words, 0, scale), DOT_KIND), _to_dot(_code_times_scale(words, 1, scale), DOT_KIND),
-                          _to_dot(_code_times_scale(words, 2, scale), DOT_KIND), _to_dot(_code_times_scale(words, 3, scale), DOT_KIND))  # fmt: skip
-        e4, e5, e6, e7 = (_to_dot(_code_times_scale(words, 4, scale), DOT_KIND), _to_dot(_code_times_scale(words, 5, scale), DOT_KIND),
-                          _to_dot(_code_times_scale(words, 6, scale), DOT_KIND), _to_dot(_code_times_scale(words, 7, scale), DOT_KIND))  # fmt: skip
-    return e0, e1, e2, e3, e4, e5, e6, e7
+    return _word_elements(words, scale, DOT_KIND, ASM)
 
 
 @triton.jit
