@@ -8,6 +8,7 @@ kernel times themselves are what the table is for). On the CPU the table holds C
 from __future__ import annotations
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from reference_engine.config import EngineConfig
@@ -24,9 +25,12 @@ def _device_time(event) -> float:
 
 
 def _table(prof, cuda: bool, top: int) -> tuple[list[dict], float, int]:
+    """(top rows, total time, launches). On CUDA only device events count (kernels, memcpys, memsets): an op such
+    as aten::mm also carries its kernel's time as self device time, so counting ops too listed the kernel twice
+    (the tables up to run40 did: the batch-1 LM head appeared as `aten::mm` and as its cuBLAS kernel)."""
     events = prof.key_averages()
     if cuda:
-        rows = [(e.key, e.count, _device_time(e)) for e in events if _device_time(e) > 0]
+        rows = [(e.key, e.count, _device_time(e)) for e in events if getattr(e, "device_type", None) == DeviceType.CUDA and _device_time(e) > 0]
     else:
         rows = [(e.key, e.count, float(e.self_cpu_time_total)) for e in events if e.self_cpu_time_total > 0]
     rows.sort(key=lambda row: row[2], reverse=True)
@@ -109,6 +113,6 @@ def profile_decode_step(
         "batch": batch,
         "context_tokens": context_tokens,
         "total_us": total,
-        "launches": launches,  # kernels (CUDA) or ops (CPU) with recorded time, over the whole step
+        "launches": launches,  # device events (CUDA: kernels, memcpys) or ops (CPU) with recorded time, over the whole step
         "kernels": kernels,
     }

@@ -20,7 +20,9 @@ that chose it. Four launches, no sort, no host synchronisation, deterministic:
    slot order, rounded once into x's dtype.
 
 The weight tiles are `nvfp4_gemm._tile` (decode 1: codes read as int32 words and decoded to bfloat16 pairs
-in PTX). A group with more than BLOCK_M pairs
+in PTX). `GroupedPlan.swap` puts the decoded weight tile first in the dot and the pairs second (`nvfp4_gemm._mma`):
+the weight rows become the mma's M, so tiles of 64 rows run on wgmma with 16 pairs as N, where the default order
+has the pairs as M (16: mma.sync). A group with more than BLOCK_M pairs
 (the shared expert above BLOCK_M tokens, or repeated ids) loops over its tiles, decoding its weights again
 per tile. Same arithmetic as the per-pair kernels up to the float32 summation order.
 """
@@ -67,6 +69,7 @@ class GroupedPlan:
     num_warps: int = 4
     num_stages: int = 3
     decode: int = 1  # `nvfp4_gemm` weight decode: 1 int32 words decoded to bfloat16 pairs in PTX, 0 bytes
+    swap: int = 0  # 1: the decoded weight tile is the dot's first operand and the pairs its N (`nvfp4_gemm._mma`): wgmma from 64 rows
 
 
 PLAN = GroupedPlan()
@@ -123,7 +126,7 @@ def _tile_pairs(pairs_ptr, group, P, count, m0, BLOCK_M: tl.constexpr):
 def _gate_up_group(
     x_ptr, stride_xm, w_ptr, s_ptr, s2_ptr, row0, pairs_ptr, group, P, count, act_ptr, cols,
     I: tl.constexpr, H_BYTES: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr, SWAP: tl.constexpr,
 ):
     gate_rows = row0 + tl.minimum(cols, I - 1).to(tl.int64)  # clamped rows: unmasked loads, masked store
     up_rows = gate_rows + I
@@ -134,7 +137,7 @@ def _gate_up_group(
     while m0 < count:  # a while loop: the Triton 3.6 interpreter cannot take a loaded scalar as a range bound
         pairs, valid = _tile_pairs(pairs_ptr, group, P, count, m0, BLOCK_M)
         x_rows = (pairs // SLOTS).to(tl.int64) * stride_xm
-        acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, w_ptr, s_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, 0)
+        acc_gate, acc_up = _gate_up_products(x_ptr, x_rows, w_ptr, s_ptr, gate_rows, up_rows, H_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, 0, SWAP)
         gate = acc_gate * gate_scale
         act = gate / (1.0 + tl.exp(-gate)) * (acc_up * up_scale)
         out_ptrs = act_ptr + pairs[:, None].to(tl.int64) * I + cols[None, :]
@@ -147,7 +150,7 @@ def _gate_up_kernel(
     x_ptr, stride_xm, counts_ptr, pairs_ptr, P,
     w_ptr, s_ptr, s2_ptr, shared_w_ptr, shared_s_ptr, shared_s2_ptr, act_ptr,
     I: tl.constexpr, H_BYTES: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr, SWAP: tl.constexpr = 0,
 ):
     group = tl.program_id(0)
     count = tl.load(counts_ptr + group)
@@ -156,18 +159,18 @@ def _gate_up_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if group == 0:  # the shared expert's own tensors (a separate call keeps each pointer's alignment known)
         _gate_up_group(x_ptr, stride_xm, shared_w_ptr, shared_s_ptr, shared_s2_ptr, 0, pairs_ptr, group, P, count, act_ptr, cols,
-                       I, H_BYTES, SLOTS, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)  # fmt: skip
+                       I, H_BYTES, SLOTS, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, SWAP)  # fmt: skip
     else:
         expert = (group - 1).to(tl.int64)
         _gate_up_group(x_ptr, stride_xm, w_ptr, s_ptr, s2_ptr + 2 * expert, expert * (2 * I), pairs_ptr, group, P, count, act_ptr, cols,
-                       I, H_BYTES, SLOTS, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)  # fmt: skip
+                       I, H_BYTES, SLOTS, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, SWAP)  # fmt: skip
 
 
 @triton.jit
 def _down_group(
     act_ptr, weights_ptr, w_ptr, s_ptr, s2_ptr, row0, pairs_ptr, group, P, count, y_ptr, cols,
     H: tl.constexpr, I_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr, SWAP: tl.constexpr,
 ):
     down_rows = row0 + tl.minimum(cols, H - 1).to(tl.int64)
     undo: tl.constexpr = 128.0 if DECODE >= 1 else 16384.0
@@ -176,7 +179,7 @@ def _down_group(
     while m0 < count:
         pairs, valid = _tile_pairs(pairs_ptr, group, P, count, m0, BLOCK_M)
         act_rows = pairs.to(tl.int64) * (2 * I_BYTES)
-        acc = _rows_products(act_ptr, act_rows, w_ptr, s_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, 0)
+        acc = _rows_products(act_ptr, act_rows, w_ptr, s_ptr, down_rows, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, 0, SWAP)
         weight = tl.load(weights_ptr + pairs, mask=valid, other=0.0)  # [BM] routing weight or shared gate
         y = acc * tensor_scale * weight[:, None]
         tl.store(y_ptr + pairs[:, None].to(tl.int64) * H + cols[None, :], y, mask=valid[:, None] & (cols < H)[None, :])
@@ -188,7 +191,7 @@ def _down_kernel(
     act_ptr, weights_ptr, counts_ptr, pairs_ptr, P,
     w_ptr, s_ptr, s2_ptr, shared_w_ptr, shared_s_ptr, shared_s2_ptr, y_ptr,
     H: tl.constexpr, I_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
-    EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr, SWAP: tl.constexpr = 0,
 ):
     group = tl.program_id(0)
     count = tl.load(counts_ptr + group)
@@ -197,11 +200,11 @@ def _down_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     if group == 0:
         _down_group(act_ptr, weights_ptr, shared_w_ptr, shared_s_ptr, shared_s2_ptr, 0, pairs_ptr, group, P, count, y_ptr, cols,
-                    H, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)  # fmt: skip
+                    H, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, SWAP)  # fmt: skip
     else:
         expert = (group - 1).to(tl.int64)
         _down_group(act_ptr, weights_ptr, w_ptr, s_ptr, s2_ptr + expert, expert * H, pairs_ptr, group, P, count, y_ptr, cols,
-                    H, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)  # fmt: skip
+                    H, I_BYTES, BLOCK_M, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, SWAP)  # fmt: skip
 
 
 def _groups(ids: torch.Tensor, groups: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -255,7 +258,7 @@ def grouped_experts_with_shared(
         _packed_operand(gu_packed, decode_a), gu_scale, gu_scale_2,
         _packed_operand(s_gu_packed, decode_a), s_gu_scale, s_gu_scale_2, act,
         I=inter, H_BYTES=hidden // 2, SLOTS=slots, BLOCK_M=p.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb,
-        EVEN_K=(hidden // 2) % plan_a.block_kb == 0, DOT_KIND=dot_kind, DECODE=decode_a, num_warps=p.num_warps, num_stages=p.num_stages,
+        EVEN_K=(hidden // 2) % plan_a.block_kb == 0, DOT_KIND=dot_kind, DECODE=decode_a, SWAP=p.swap, num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if staged:
         act = act.to(x.dtype)
@@ -267,6 +270,6 @@ def grouped_experts_with_shared(
         _packed_operand(down_packed, decode_b), down_scale, down_scale_2,
         _packed_operand(s_down_packed, decode_b), s_down_scale, s_down_scale_2, y,
         H=hidden, I_BYTES=inter // 2, BLOCK_M=p.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb,
-        EVEN_K=(inter // 2) % plan_b.block_kb == 0, DOT_KIND=dot_kind, DECODE=decode_b, num_warps=p.num_warps, num_stages=p.num_stages,
+        EVEN_K=(inter // 2) % plan_b.block_kb == 0, DOT_KIND=dot_kind, DECODE=decode_b, SWAP=p.swap, num_warps=p.num_warps, num_stages=p.num_stages,
     )
     slot_sum(y, out, slots)

@@ -144,6 +144,7 @@ def _launch(router_logits, topk_weights, topk_ids, num_experts: int, top_k: int,
 
 
 ROUTER_ROWS, ROUTER_BLOCK_H = 2, 2048  # fused router: logits rows per program, columns per step (H = 2048: one step)
+ROUTER_WARPS = 4  # fused router: warps per program (the tuning file's `router_warps`; with 1 the top-k's reductions stay in one warp)
 FUSED_ROUTER_MAX_TOKENS = 4  # up to this many tokens `moe_block_decode` computes the logits and the top-k in one launch
 
 
@@ -165,7 +166,7 @@ def router_gemv_topk_with_shared(
     _router_gemv_topk_kernel[(row_blocks, num_tokens)](
         x, router_weight, logits, ticket_counters(x.device, num_tokens), topk_weights, topk_ids, num_experts, hidden,
         TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
-        BLOCK_R=ROUTER_ROWS, BLOCK_H=min(ROUTER_BLOCK_H, triton.next_power_of_2(hidden)), ROW_BLOCKS=row_blocks,
+        BLOCK_R=ROUTER_ROWS, BLOCK_H=min(ROUTER_BLOCK_H, triton.next_power_of_2(hidden)), ROW_BLOCKS=row_blocks, num_warps=ROUTER_WARPS,
     )
 
 

@@ -17,7 +17,8 @@ decode head. `gemv_words` sets the word reads
 for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
-(`benchmarks/kernels/time_decode_pieces.py` measures them at batches 1 to 64).
+(`benchmarks/kernels/time_decode_pieces.py` measures them at batches 1 to 64); `router_rows` / `router_warps` that one
+launch's logits rows and warps per program (`benchmarks/kernels/time_router.py`).
 `gemm_decode` picks the weight decode of the tensor-core GEMMs (prefill linears and experts, decode batches from
 `gemm_min_tokens`), `gemm_prefetch_linear` / `gemm_prefetch_moe` whether they load the next K step's activation tile
 and block scales a step ahead, `gemm_swap_linear` / `gemm_swap_moe` whether the decoded weight tile is the dot's
@@ -98,6 +99,7 @@ class MoeGroupedSettings(BaseModel):
     num_warps: int = Field(default=4, ge=1, le=16)
     num_stages: int = Field(default=3, ge=1, le=8)
     decode: int = Field(default=1, ge=0, le=1)
+    swap: int = Field(default=0, ge=0, le=1)  # the weight tile as the dot's first operand (wgmma from 64 rows)
 
 
 class MoeGroupedHalfSettings(BaseModel):
@@ -126,6 +128,8 @@ class TuningFile(BaseModel):
     gdn_step_split: int | None = Field(default=None, ge=2, le=32)  # programs per split head
     fused_router_max_tokens: int | None = Field(default=None, ge=0)  # router logits + top-k in one launch up to this batch (0: never)
     dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
+    router_rows: Literal[1, 2, 4, 8] | None = None  # fused router: logits rows per program
+    router_warps: Literal[1, 2, 4, 8] | None = None  # fused router: warps per program
     gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
     gemm_prefetch_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: next K step's x and scales loaded ahead
     gemm_prefetch_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
@@ -177,7 +181,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
         nvfp4_gemv.WORDS = tuning.gemv_words
     for value, module, name in ((tuning.gdn_step_split_below, gdn_decode_step, "STEP_SPLIT_BELOW"), (tuning.gdn_step_split, gdn_decode_step, "STEP_SPLIT"),
                                 (tuning.fused_router_max_tokens, router, "FUSED_ROUTER_MAX_TOKENS"),
-                                (tuning.dense_gemv_max_tokens, dense_gemv, "MAX_TOKENS")):  # fmt: skip
+                                (tuning.dense_gemv_max_tokens, dense_gemv, "MAX_TOKENS"), (tuning.router_rows, router, "ROUTER_ROWS"),
+                                (tuning.router_warps, router, "ROUTER_WARPS")):  # fmt: skip
         if value is not None:
             setattr(module, name, value)
     if tuning.gemm_min_tokens is not None:

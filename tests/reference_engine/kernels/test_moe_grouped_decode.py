@@ -4,7 +4,8 @@ Interpreter (one subprocess): the contract moe/moe-block-decode's CPU cases thro
 the two known-wrong grouped variants it must reject where its cases reach them; then a script: the grouped
 experts against the torch op (float32) and against the per-pair Triton kernels (bfloat16), with a shared group
 and a routed group of more than one tile of pairs (20 tokens, 16-pair tiles), repeated ids within a row,
-outputs poisoned with NaN, and the byte decode (0) giving the same bits as the word decode (1);
+outputs poisoned with NaN, the byte decode (0) giving the same bits as the word decode (1), and the swapped operand
+order (weights first) giving the same values;
 the first-tile-only variant must miss by far. CUDA: the real layer against the per-pair kernels.
 """
 
@@ -65,6 +66,13 @@ for T, busy, repeated in ((3, False, True), (20, True, False), (20, False, True)
     assert error < 1e-5, error  # the same products and activation rounding; float32 sums in another order
     zero = run(grouped.grouped_experts_with_shared, xb, ids, w, plan=grouped.GroupedPlan(decode=0, gate_up_block_n=16, down_block_n=32))
     assert torch.equal(zero, two), "decode 0 (bytes) and decode 1 (words) differ"
+    swapped = run(grouped.grouped_experts_with_shared, xb, ids, w, plan=grouped.GroupedPlan(swap=1, gate_up_block_n=16, down_block_n=32))
+    error = rel(swapped, per_pair)
+    print(f"T={T} bfloat16 grouped, swapped operands, vs per-pair Triton: {error:.2e}")
+    assert error < 1e-5, error  # the same products, weights first: only the float32 summation order may differ
+    swapped32 = run(grouped.grouped_experts_with_shared, x, ids, w, plan=grouped.GroupedPlan(swap=1, block_m=32))
+    error = rel(swapped32, run(static_moe.nvfp4_experts_with_shared, x, ids, w))
+    assert error < 1e-5, error
 
 # The first-tile-only variant: through the whole block (its router picks the ids), 20 tokens: the shared group
 # holds 20 pairs, more than one 16-pair tile.
@@ -115,9 +123,11 @@ def test_grouped_matches_per_pair_and_torch_and_rejects_wrong_variants(run):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("swap", [0, 1])
 @pytest.mark.parametrize("tokens", [8, 32, 64])
-def test_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
-    """E=256, H=2048, I=512, top-8 + shared, bf16: grouped and per-pair outputs within float32 summation order."""
+def test_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens, swap):
+    """E=256, H=2048, I=512, top-8 + shared, bf16: grouped (both operand orders; swapped with 64-row wgmma tiles) and
+    per-pair outputs within float32 summation order."""
     from real_moe_layer import HIDDEN, real_decode_inputs
 
     from reference_engine.kernels import moe_decode
@@ -125,9 +135,10 @@ def test_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
 
     experts, shared, x, ids, weights = real_decode_inputs(tokens)
     outs = []
-    for op in (moe_decode.nvfp4_experts_with_shared, grouped.grouped_experts_with_shared):
+    plan = grouped.GroupedPlan(swap=1, gate_up_block_n=64, down_block_n=64) if swap else None
+    for op, kwargs in ((moe_decode.nvfp4_experts_with_shared, {}), (grouped.grouped_experts_with_shared, {"plan": plan})):
         out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
-        op(x, weights, ids, experts, shared, out)
+        op(x, weights, ids, experts, shared, out, **kwargs)
         outs.append(out)
     assert torch.isfinite(outs[1]).all()
     error = float((outs[1].double() - outs[0].double()).norm() / outs[0].double().norm())

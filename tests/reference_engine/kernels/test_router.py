@@ -63,7 +63,8 @@ from reference_engine.kernels import launch, router
 from reference_engine.ops import moe
 
 g = torch.Generator().manual_seed(5)
-for tokens, experts, hidden, top_k in ((1, 16, 64, 4), (3, 20, 96, 6)):  # 20 + 1 rows: a partial row block
+for rows, tokens, experts, hidden, top_k in ((2, 1, 16, 64, 4), (2, 3, 20, 96, 6), (1, 3, 20, 96, 6), (8, 2, 20, 96, 6)):  # 21 rows: a partial row block at 2 and 8
+    router.ROUTER_ROWS = rows
     x = torch.randn(tokens, hidden, generator=g)
     weight = torch.randn(experts + 1, hidden, generator=g) * 0.3
     want_w, want_i = torch.empty(tokens, top_k + 1), torch.empty(tokens, top_k + 1, dtype=torch.int32)
@@ -85,11 +86,15 @@ def test_fused_router_gemv_topk_matches_the_torch_ops_under_the_interpreter():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize(("rows", "warps"), [(2, 4), (1, 1), (4, 2), (8, 8)])
 @pytest.mark.parametrize("tokens", [1, 4])
-def test_fused_router_gemv_topk_matches_the_torch_ops_on_cuda(tokens):
-    from reference_engine.kernels import launch
+def test_fused_router_gemv_topk_matches_the_torch_ops_on_cuda(tokens, rows, warps, monkeypatch):
+    from reference_engine.kernels import launch, router
     from reference_engine.kernels.router import router_gemv_topk_with_shared
     from reference_engine.ops.moe import router_topk_with_shared
+
+    monkeypatch.setattr(router, "ROUTER_ROWS", rows)
+    monkeypatch.setattr(router, "ROUTER_WARPS", warps)
 
     generator = torch.Generator(device="cuda").manual_seed(tokens)
     x = torch.randn(tokens, 2048, generator=generator, device="cuda")  # float32: no rounding between the two paths
