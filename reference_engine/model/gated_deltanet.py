@@ -55,10 +55,10 @@ class GatedDeltaNet:
     k_head_dim: int
     v_head_dim: int
     eps: float
-    in_proj_qkvz: StackedLinear | None = None  # in_proj_qkv + in_proj_z stacked (their Linears are views): one decode GEMV
+    in_proj_qkvz: StackedLinear | None = None  # in_proj_qkv + in_proj_z stacked (their Linears are views): one GEMV / GEMM
     in_proj_ba: StackedLinear | None = None  # in_proj_b + in_proj_a stacked likewise
 
-    def _decode_projections(self, x: torch.Tensor, ops) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _projections(self, x: torch.Tensor, ops) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """mixed [T, C], z [T, Hv*Dv], b [T, Hv], a [T, Hv]: from the stacks where built (strided views), else one by one."""
         if self.in_proj_qkvz is not None:
             mixed, z_flat = self.in_proj_qkvz(x, ops)
@@ -84,7 +84,7 @@ class GatedDeltaNet:
         key_dim = self.num_k_heads * self.k_head_dim
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
         if ops is not None and batch.is_decode:  # static decode (T = B): one fused op, both states updated in place at the slots
-            mixed, z_flat, b, a = self._decode_projections(x, ops)  # [T, C], [T, Hv*Dv], [T, Hv], [T, Hv] (views)
+            mixed, z_flat, b, a = self._projections(x, ops)  # [T, C], [T, Hv*Dv], [T, Hv], [T, Hv] (views)
             core = torch.empty_like(z_flat, memory_format=torch.contiguous_format)  # [B, Hv * Dv]
             ops.gdn_decode_step(
                 mixed, z_flat, b, a, self.conv_weight, self.A_log, self.dt_bias,
@@ -92,10 +92,7 @@ class GatedDeltaNet:
                 batch.state_slots, batch.has_initial_state, out=core, eps=self.eps,
             )  # fmt: skip
             return self.out_proj(core, ops)
-        mixed = self.in_proj_qkv(x, ops)  # [T, C]
-        z_flat = self.in_proj_z(x, ops)  # [T, Hv * Dv]
-        b = self.in_proj_b(x, ops)  # [T, Hv]
-        a = self.in_proj_a(x, ops)  # [T, Hv]
+        mixed, z_flat, b, a = self._projections(x, ops)  # [T, C], [T, Hv * Dv], [T, Hv], [T, Hv] (views of two stacked outputs)
         z = z_flat.view(num_tokens, self.num_v_heads, self.v_head_dim)  # [T, Hv, Dv]
         conv_in, state_in = self._initial_states(batch, caches)
 

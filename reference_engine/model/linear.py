@@ -16,13 +16,13 @@ from reference_engine.model.eager_ops import triton_allowed
 from reference_engine.quant.linear import w4a4_linear, w4a16_linear
 from reference_engine.quant.nvfp4 import dequantize_nvfp4
 
-_PREFILL_MIN_ROWS = 64  # kernels.nvfp4_gemv.MAX_GEMV_TOKENS: above it the Triton op runs the GEMM
+PREFILL_MIN_ROWS = 64  # kernels.nvfp4_gemv.MAX_GEMV_TOKENS: above it the Triton op runs the GEMM
 
 
 def _eager_w4a16(x: torch.Tensor):
     """The eager W4A16 op for x [M, K]: on CUDA with M > 64 (prefill) the Triton one, which runs the
     tensor-core GEMM there; otherwise (CPU, decode-sized M, no Triton) the torch op."""
-    if x.is_cuda and x.shape[0] > _PREFILL_MIN_ROWS and triton_allowed(x):
+    if x.is_cuda and x.shape[0] > PREFILL_MIN_ROWS and triton_allowed(x):
         try:
             from reference_engine.kernels import nvfp4_gemv
         except ImportError:  # no Triton

@@ -11,7 +11,11 @@ expert is NVFP4 W4A16 with the routed experts' intermediate size, and the router
 - `shared_nvfp4` (`SharedNvfp4Expert`): the shared expert's gate and up concatenated, down as is;
   the three shared Linears are rebound as views of it;
 and `ops.moe_block_decode` computes the whole block (router, top-k, routed and shared experts, the
-weighted sum) in one op. Any other combination keeps the composed path below.
+weighted sum) in one op. The eager path (prefill) of a fused block also uses the fused form, with fewer,
+larger GEMMs than the composed path: the router logits and the shared gate's logit in one GEMM over
+`router_weight` (`aligned_linear`: a padded output pitch), and the shared expert's gate and up projections
+in one (`shared_gate_up`, a `StackedLinear` over the shared expert's concatenated rows). Any other
+combination keeps the composed path below.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import torch
 from reference_engine.model.eager_ops import eager_op
 from reference_engine.model.experts import RoutedExperts
 from reference_engine.model.linear import Linear
+from reference_engine.model.stacked_linear import StackedLinear
+from reference_engine.ops.dense_linear import aligned_linear
 from reference_engine.ops.moe import shared_expert
 from reference_engine.ops.static_moe import SharedNvfp4Expert
 
@@ -40,6 +46,7 @@ class SparseMoeBlock:
     # fields: `dataclasses.replace` builds a new block whose __post_init__ fuses it again).
     router_weight = None  # torch.Tensor [E+1, H] | None
     shared_nvfp4 = None  # SharedNvfp4Expert | None
+    shared_gate_up = None  # StackedLinear over shared_nvfp4's gate and up rows | None
 
     def __post_init__(self) -> None:
         if self._fusable():
@@ -73,9 +80,13 @@ class SparseMoeBlock:
         def view(source: Linear, rows: slice, packed, scale, scale_2) -> Linear:
             return Linear(source.out_features, source.in_features, weight_packed=packed[rows], weight_scale=scale[rows], weight_scale_2=scale_2, input_scale=source.input_scale)
 
+        row_scale_2 = torch.cat([shared.gate_up_scale_2[0].reshape(1).expand(intermediate), shared.gate_up_scale_2[1].reshape(1).expand(intermediate)])
+        gate_up = StackedLinear((intermediate, intermediate), gate.in_features, weight_packed=shared.gate_up_packed, weight_scale=shared.gate_up_scale,
+                                row_scale_2=row_scale_2.float().contiguous())  # fmt: skip
         rebound = {
             "router_weight": router_weight,
             "shared_nvfp4": shared,
+            "shared_gate_up": gate_up,
             "gate": Linear.dense(router_weight[:num_experts]),
             "shared_expert_gate": Linear.dense(router_weight[num_experts:]),
             "shared_gate_proj": view(gate, slice(0, intermediate), shared.gate_up_packed, shared.gate_up_scale, shared.gate_up_scale_2[0]),
@@ -92,6 +103,8 @@ class SparseMoeBlock:
             out = torch.empty_like(x)  # [T, H]
             ops.moe_block_decode(x, self.router_weight, self.experts.stacked, self.shared_nvfp4, self.top_k, out=out)
             return out
+        if ops is None and self.shared_nvfp4 is not None:
+            return self._fused_eager(x)
         router_logits = self.gate(x, ops)  # [T, E]
         topk_weights = torch.empty(num_tokens, self.top_k, dtype=torch.float32, device=x.device)  # [T, k]
         topk_ids = torch.empty(num_tokens, self.top_k, dtype=torch.int32, device=x.device)  # [T, k]
@@ -113,3 +126,17 @@ class SparseMoeBlock:
             hidden = torch.nn.functional.silu(self.shared_gate_proj(x, ops)) * self.shared_up_proj(x, ops)  # [T, Is]
             shared.copy_(self.shared_down_proj(hidden, ops) * torch.sigmoid(self.shared_expert_gate(x, ops)))
         return routed.add_(shared)
+
+    def _fused_eager(self, x: torch.Tensor) -> torch.Tensor:
+        """The eager (prefill) path of a fused block: the same function as the composed path, in fewer GEMMs."""
+        num_tokens, num_experts = x.shape[0], self.gate.out_features
+        logits = aligned_linear(x, self.router_weight)  # [T, E+1]: routed logits, then the shared gate's
+        topk_weights = torch.empty(num_tokens, self.top_k, dtype=torch.float32, device=x.device)  # [T, k]
+        topk_ids = torch.empty(num_tokens, self.top_k, dtype=torch.int32, device=x.device)  # [T, k]
+        router_logits = logits[:, :num_experts]
+        eager_op("router_topk", router_logits)(router_logits, topk_weights=topk_weights, topk_ids=topk_ids, top_k=self.top_k)
+        routed = torch.empty_like(x)  # [T, H]
+        self.experts(x, topk_weights, topk_ids, out=routed)
+        gate, up = self.shared_gate_up(x)  # [T, Is] each (views of one output)
+        shared = self.shared_down_proj(torch.nn.functional.silu(gate) * up)  # [T, H]
+        return routed.add_(shared.mul_(torch.sigmoid(logits[:, num_experts:])))

@@ -1,5 +1,6 @@
 """Dense linear into a caller's buffer: `out [T, N] = x [T, K] @ weight [N, K]^T` (the torch op of the OpSet's
-`dense_linear`; `kernels/dense_gemv.py` is the Triton one for decode-sized T)."""
+`dense_linear`; `kernels/dense_gemv.py` is the Triton one for decode-sized T), and `aligned_linear`, a dense
+linear whose output rows start at 16-byte multiples whatever N is."""
 
 from __future__ import annotations
 
@@ -24,3 +25,20 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> to
         return torch.mm(x, weight.t(), out=out)
     out.copy_(torch.nn.functional.linear(x, weight))
     return out
+
+
+ALIGN_ELEMENTS = 8  # output row pitch multiple of `aligned_linear` (16 bytes of bfloat16)
+
+
+def aligned_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x [T, K], weight [N, K])` as a [T, N] view of a [T, N rounded up to ALIGN_ELEMENTS] buffer on CUDA.
+
+    The MoE router's logits (N = E + 1 = 257: the routed experts and the shared expert's gate) have an odd row pitch
+    as a plain output, which limits cuBLAS to kernels for one-element alignment; a padded pitch does not. The same
+    products; the padding columns are never written or read. Elsewhere (CPU, N already aligned) it is F.linear."""
+    rows = weight.shape[0]
+    pitch = -(-rows // ALIGN_ELEMENTS) * ALIGN_ELEMENTS
+    if pitch == rows or not x.is_cuda or x.dim() != 2:
+        return torch.nn.functional.linear(x, weight)
+    out = torch.empty(x.shape[0], pitch, dtype=x.dtype, device=x.device)[:, :rows]
+    return torch.mm(x, weight.t(), out=out)
