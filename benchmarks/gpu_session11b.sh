@@ -8,7 +8,7 @@ OUT="${OUT:-/tmp/s11b-out}"; NAME="${NAME:-s11b}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv
 timeout "${TEST_S:-150}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/test_prefill_graphs.py tests/reference_engine/test_llm_cuda.py \
-  tests/reference_engine/test_eager_prefill_ops.py > "$OUT/$NAME-pytest.log" 2>&1
+  tests/reference_engine/test_eager_prefill_ops.py tests/reference_engine/kernels/test_norms.py > "$OUT/$NAME-pytest.log" 2>&1
 echo "pytest rc=$? (124: out of time)"; grep -E "passed|failed|FAILED|Error" "$OUT/$NAME-pytest.log" | tail -n 8
 timeout "${FORMS_S:-120}" python3 benchmarks/kernels/time_prefill_forms.py "$OUT/$NAME-prefill-forms.json" > "$OUT/$NAME-prefill-forms.log" 2>&1
 echo "time_prefill_forms rc=$?"; grep -E "us|Error" "$OUT/$NAME-prefill-forms.log" | cut -c1-220

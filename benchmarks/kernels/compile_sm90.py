@@ -95,7 +95,7 @@ def configs():
     state_sig = {"x_ptr": "*bf16", "cu_ptr": "*i32", "state_ptr": "*bf16", "final_ptr": "*bf16", "C": I32, "stride_xt": I32, "stride_sb": I32, "stride_sc": I32, "stride_sk": I32, "stride_fb": I32, "stride_fc": I32, "stride_fk": I32}
     yield "causal conv1d final state", causal_conv1d._final_state_kernel, state_sig, {"K": 4, "BLOCK_K": 4, "BLOCK_C": causal_conv1d.BLOCK_C}
     for mode in (norms.PLAIN, norms.FUSED_ADD, norms.GATED):
-        yield f"norm mode {mode}", norms._rms_norm_kernel, {"x_ptr": "*bf16", "residual_ptr": "*bf16", "z_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "residual_out_ptr": "*bf16", "D": I32, "eps": "fp32"}, {"MODE": mode, "BF16": True, "BLOCK_D": 2048}
+        yield f"norm mode {mode}", norms._rms_norm_kernel, {"x_ptr": "*bf16", "residual_ptr": "*bf16", "z_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "residual_out_ptr": "*bf16", "D": I32, "eps": "fp32", "z_heads": I32, "stride_zt": I32}, {"MODE": mode, "BF16": True, "BLOCK_D": 2048}
 
 
 def main() -> int:

@@ -456,7 +456,7 @@ def moe_block_decode(
     if num_tokens <= router.FUSED_ROUTER_MAX_TOKENS and x.is_contiguous() and router_weight.is_contiguous():
         router_gemv_topk_with_shared(x, router_weight, topk_weights, topk_ids, top_k)  # logits and top-k, one launch
     else:
-        logits = aligned_linear(x, router_weight)  # [T, E+1], rows at a padded pitch (cuBLAS kernels for aligned rows)
+        logits = aligned_linear(x, router_weight)  # [T, E+1]; over the zero rows past E+1 where the storage holds them
         router_topk_with_shared(logits, topk_weights, topk_ids, top_k)
     if moe_grouped_half.runs(num_tokens, x.dtype):  # each expert decoded once per chunk of up to 4 of its tokens, CUDA cores
         moe_grouped_half.half_grouped_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out, check_ids=False)

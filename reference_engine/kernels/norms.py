@@ -33,7 +33,7 @@ def _round_to_bf16(values):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, D, eps,
+def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, D, eps, z_heads, stride_zt,
                      MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
@@ -49,7 +49,8 @@ def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_o
     weight = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     normed = x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
     if MODE == 2:
-        z = tl.load(z_ptr + row * D + cols, mask=ok, other=0.0).to(tl.float32)
+        z_row = (row // z_heads) * stride_zt + (row % z_heads) * D  # z [T, heads, D] with any token stride
+        z = tl.load(z_ptr + z_row + cols, mask=ok, other=0.0).to(tl.float32)
         y = weight * normed * (z * tl.sigmoid(z))
     else:
         y = normed * (1.0 + weight)
@@ -67,9 +68,12 @@ def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=
     if residual_out is not None:
         residual_target = residual_out if residual_out.is_contiguous() else torch.empty_like(residual_out, memory_format=torch.contiguous_format)
     x_c = x.contiguous()
+    z_c, z_heads, stride_zt = x_c, rows, 0  # rows of z at row * D (contiguous)
+    if z is not None:
+        z_c, z_heads, stride_zt = _token_strided(z)
     _rms_norm_kernel[(rows,)](
-        x_c, residual.contiguous() if residual is not None else x_c, z.contiguous() if z is not None else x_c,
-        weight.contiguous(), target, residual_target if residual_target is not None else target, width, float(eps),
+        x_c, residual.contiguous() if residual is not None else x_c, z_c,
+        weight.contiguous(), target, residual_target if residual_target is not None else target, width, float(eps), z_heads, stride_zt,
         MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=triton.next_power_of_2(width),
     )
     if residual_target is not None and residual_target is not residual_out:
@@ -77,6 +81,16 @@ def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=
     if target is not buffer:
         buffer.copy_(target)
     finish(buffer, out)
+
+
+def _token_strided(z: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """(z, heads, token stride) for a gate z [T, heads, D] whose heads are contiguous within a token but whose
+    tokens may sit at any stride (a view of a stacked projection's output: no copy); other layouts: a contiguous copy."""
+    if z.dim() == 3 and z.stride(2) == 1 and z.stride(1) == z.shape[2]:
+        return z, z.shape[1], z.stride(0)
+    z = z.contiguous()
+    rows = z.numel() // z.shape[-1]
+    return z, max(rows, 1), 0
 
 
 @satisfies("norms-and-activations/rmsnorm", major=1, devices=("cuda",), backend="triton")

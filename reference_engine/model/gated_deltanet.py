@@ -128,5 +128,5 @@ class GatedDeltaNet:
         caches.recurrent_state[self.layer_index][batch.state_slots] = state_out
 
         normed = torch.empty_like(core)  # [T, Hv, Dv]
-        eager_op("gated_rms_norm", core)(core, z.contiguous(), self.norm_weight, out=normed, eps=self.eps)
+        eager_op("gated_rms_norm", core)(core, z, self.norm_weight, out=normed, eps=self.eps)  # z: a view of the stacked output
         return self.out_proj(normed.view(num_tokens, self.num_v_heads * self.v_head_dim), ops)

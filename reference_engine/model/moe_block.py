@@ -6,14 +6,15 @@ Fused decode form (built once in `__post_init__`, used when `ops` is given, i.e.
 CUDA-graph decode path): when the routed experts are stacked NVFP4 (`experts.stacked`), the shared
 expert is NVFP4 W4A16 with the routed experts' intermediate size, and the router and
 `shared_expert_gate` are dense in one dtype, the block keeps
-- `router_weight [E+1, H]` = cat(gate.weight, shared_expert_gate.weight); `gate` and
-  `shared_expert_gate` are rebound as views of it (nothing held twice);
+- `router_weight [E+1, H]` = cat(gate.weight, shared_expert_gate.weight), followed in its storage by zero rows
+  up to a multiple of 8 (`ops.dense_linear.aligned_linear` runs the logits GEMM over them: cuBLAS is slow at
+  N = 257); `gate` and `shared_expert_gate` are rebound as views of it (nothing held twice);
 - `shared_nvfp4` (`SharedNvfp4Expert`): the shared expert's gate and up concatenated, down as is;
   the three shared Linears are rebound as views of it;
 and `ops.moe_block_decode` computes the whole block (router, top-k, routed and shared experts, the
 weighted sum) in one op. The eager path (prefill) of a fused block also uses the fused form, with fewer,
 larger GEMMs than the composed path: the router logits and the shared gate's logit in one GEMM over
-`router_weight` (`aligned_linear`: a padded output pitch), and the shared expert's gate and up projections
+`router_weight` (`aligned_linear`), and the shared expert's gate and up projections
 in one (`shared_gate_up`, a `StackedLinear` over the shared expert's concatenated rows). Any other
 combination keeps the composed path below.
 """
@@ -28,7 +29,7 @@ from reference_engine.model.eager_ops import eager_op
 from reference_engine.model.experts import RoutedExperts
 from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
-from reference_engine.ops.dense_linear import aligned_linear
+from reference_engine.ops.dense_linear import ALIGN_ELEMENTS, aligned_linear
 from reference_engine.ops.moe import shared_expert
 from reference_engine.ops.static_moe import SharedNvfp4Expert
 
@@ -68,7 +69,11 @@ class SparseMoeBlock:
     def _build_fused_form(self) -> None:
         """Concatenate router + shared gate rows and the shared gate + up weights once; rebind the Linears as views."""
         num_experts = self.gate.out_features
-        router_weight = torch.cat([self.gate.weight, self.shared_expert_gate.weight]).contiguous()  # [E+1, H]
+        rows = num_experts + 1
+        padded = torch.zeros(-(-rows // ALIGN_ELEMENTS) * ALIGN_ELEMENTS, self.gate.in_features, dtype=self.gate.weight.dtype, device=self.gate.weight.device)
+        padded[:num_experts] = self.gate.weight
+        padded[num_experts:rows] = self.shared_expert_gate.weight
+        router_weight = padded[:rows]  # [E+1, H], contiguous; zero rows after it up to a multiple of 8 (`aligned_linear`)
         gate, up, down = self.shared_gate_proj, self.shared_up_proj, self.shared_down_proj
         shared = SharedNvfp4Expert.concatenate(
             (gate.weight_packed, gate.weight_scale, gate.weight_scale_2),

@@ -55,6 +55,24 @@ def test_gdn_eager_projections_are_the_stacked_views():
         torch.testing.assert_close(got, linear(x), rtol=1e-5, atol=1e-6)
 
 
-def test_aligned_linear_equals_f_linear_on_the_cpu():
-    x, w = torch.randn(5, 16), torch.randn(11, 16)
-    assert torch.equal(aligned_linear(x, w), torch.nn.functional.linear(x, w))
+def test_aligned_linear_runs_over_padding_rows_and_returns_the_first_n_columns():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 16, generator=g)
+    storage = torch.randn(16, 16, generator=g)
+    storage[11:] = float("nan")  # padding rows: their products land only in columns past N
+    weight = storage[:11]
+    got = aligned_linear(x, weight)
+    assert got.shape == (5, 11) and torch.isfinite(got).all()
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight))
+    # no padding in the storage (or N aligned): plain F.linear
+    exact = torch.randn(11, 16, generator=g)
+    assert torch.equal(aligned_linear(x, exact), torch.nn.functional.linear(x, exact))
+    assert aligned_linear(x, storage[3:14]).shape == (5, 11)  # rows 3..13: the storage ends before a pitch of 16 rows
+
+
+def test_fused_block_router_weight_is_padded_with_zero_rows():
+    block = _model().layers[0].mlp
+    rows, hidden = block.router_weight.shape
+    padded = block.router_weight.as_strided((-(-rows // 8) * 8, hidden), (hidden, 1))
+    assert torch.equal(padded[rows:], torch.zeros_like(padded[rows:]))
+    assert torch.equal(padded[: rows - 1], block.gate.weight) and torch.equal(padded[rows - 1 : rows], block.shared_expert_gate.weight)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_interpreter import assert_all_passed, interpreter_run
+from kernel_interpreter import assert_all_passed, assert_script_ok, interpreter_run
 
 KERNELS = {
     "norms-and-activations/rmsnorm": (
@@ -64,3 +64,41 @@ def test_matches_the_torch_ops_on_cuda(tokens):
     torch_ops.gated_rms_norm(heads, z, head_weight, expected_gated)
     kernels.gated_rms_norm(heads, z, head_weight, gated)
     torch.testing.assert_close(gated, expected_gated, rtol=1.6e-2, atol=1e-2)
+    stacked = randn(tokens, 3 * 32 * 128)  # z as a token-strided view, as the eager GDN prefill passes it
+    z_view = stacked[:, 4096:8192].view(tokens, 32, 128)
+    strided, contiguous = torch.full_like(heads, float("nan")), torch.full_like(heads, float("nan"))
+    kernels.gated_rms_norm(heads.view(tokens, 32, 128), z_view, head_weight, strided.view(tokens, 32, 128))
+    kernels.gated_rms_norm(heads.view(tokens, 32, 128), z_view.contiguous(), head_weight, contiguous.view(tokens, 32, 128))
+    assert torch.equal(strided, contiguous)
+
+
+# The gated norm reads z [T, heads, D] at any token stride (a view of a stacked projection's output, as the eager GDN
+# prefill passes it): equal to the torch op on that view and bit-equal to the kernel on a contiguous copy; the
+# neighbouring slice of the same buffer (what a kernel ignoring the stride would read for token 1 on) gives another result.
+STRIDED_Z_SCRIPT = """
+import torch
+from reference_engine.kernels import norms as kernels
+from reference_engine.ops import norms as torch_ops
+
+g = torch.Generator().manual_seed(9)
+T, H, D = 5, 4, 16
+x = torch.randn(T, H, D, generator=g)
+stacked = torch.randn(T, 3 * H * D, generator=g)  # [q-like | z | other] per token
+z = stacked[:, H * D : 2 * H * D].view(T, H, D)  # token stride 3 * H * D
+weight = torch.randn(D, generator=g)
+expected = torch.empty_like(x)
+torch_ops.gated_rms_norm(x, z, weight, expected)
+got, copy = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+kernels.gated_rms_norm(x, z, weight, got)
+kernels.gated_rms_norm(x, z.contiguous(), weight, copy)
+torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+assert torch.equal(got, copy)
+wrong = torch.full_like(x, float("nan"))
+kernels.gated_rms_norm(x, stacked.reshape(-1)[: T * H * D].view(T, H, D), weight, wrong)  # rows at row * D
+assert float((wrong - expected).abs().max()) > 1e-2
+print("ok")
+"""
+
+
+def test_gated_norm_reads_a_token_strided_z_under_the_interpreter():
+    assert_script_ok(interpreter_run({}, STRIDED_Z_SCRIPT))
