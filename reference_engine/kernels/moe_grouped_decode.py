@@ -22,7 +22,8 @@ that chose it. Four launches, no sort, no host synchronisation, deterministic:
 The weight tiles are `nvfp4_gemm._tile` (decode 1: codes read as int32 words and decoded to bfloat16 pairs
 in PTX). `GroupedPlan.swap` puts the decoded weight tile first in the dot and the pairs second (`nvfp4_gemm._mma`):
 the weight rows become the mma's M, so tiles of 64 rows run on wgmma with 16 pairs as N, where the default order
-has the pairs as M (16: mma.sync). A group with more than BLOCK_M pairs
+has the pairs as M (16: mma.sync). Measured slower than the committed decode path at 8 to 64 tokens (run41, H200:
+0.64 to 0.87 of its speed at best, `benchmarks/kernels/time_moe_grouped_swap.py`); a tested plan field, off. A group with more than BLOCK_M pairs
 (the shared expert above BLOCK_M tokens, or repeated ids) loops over its tiles, decoding its weights again
 per tile. Same arithmetic as the per-pair kernels up to the float32 summation order.
 """
