@@ -2,7 +2,11 @@
 (swap 1: wgmma reads the decoded tile from registers, the tokens are the dot's N), and the routed experts' token
 block; write the winners into a tuning file.
 
-    PYTHONPATH=. python3 benchmarks/kernels/time_moe_prefill.py results.json [tuning-in.json [tuning-out.json]] [--tiles]
+    PYTHONPATH=. python3 benchmarks/kernels/time_moe_prefill.py results.json [tuning-in.json [tuning-out.json]] [--tiles | --gluon]
+
+`--gluon`: the experts only, the committed plans against the gate/up launch in Gluon (`moe_prefill_gluon`, two
+decoded-tile stages; rows 128 and 64 at 8 warps, 64 at 4); tuning-out gets `moe_prefill_gluon` 1 (and its rows) for a
+gain of 2% or more at 8 warps.
 
 `--tiles`: the experts only, the committed plans against the fused gate/up launch (`moe_prefill_fused_gate_up`, one
 dot over interleaved gate and up rows, 128 or 64 rows of each) and decode 2 (`gemm_decode_moe`, the register operand)
@@ -92,6 +96,16 @@ def tile_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
     return {"committed": (base_a, base_b)} | fused | (register_variants(tokens) if REGISTER else {})
 
 
+def gluon_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
+    """`--gluon`: the committed plans, then the gate/up launch in Gluon (`kernels/moe_prefill_gluon.py`, two decoded-tile
+    stages) at 128 and 64 rows with 8 warps (what `moe_prefill_gate_up_block_n` expresses) and at 64 rows with 4 warps."""
+    base_a, base_b = plan("moe_gate_up", tokens * TOP_K, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", tokens * TOP_K, HIDDEN, INTER, num_experts=EXPERTS)
+    found = {"committed": (base_a, base_b)}
+    for rows, warps in ((128, 8), (64, 8), (64, 4)):
+        found[f"gluon rows {rows} warps {warps}"] = (with_fields(base_a, gluon=1, block_n=rows, num_warps=warps), base_b)
+    return found
+
+
 REGISTER = False  # decode 2 in `--tiles` (run36: 2.4 to 4.9 times slower than the committed plans, so left out since)
 
 
@@ -171,13 +185,25 @@ def time_linears(records: list) -> dict[int, float]:
     return totals
 
 
-def main(path: str, tuning_in: str | None, tuning_out: str | None, tiles: bool = False) -> None:
+def main(path: str, tuning_in: str | None, tuning_out: str | None, tiles: bool = False, gluon: bool = False) -> None:
     if tuning_in:
         apply_tuning(tuning_in)
     records: list = []
     experts = stacked_experts()
-    moe = time_moe(records, experts, tile_variants if tiles else moe_variants)
+    moe = time_moe(records, experts, gluon_variants if gluon else tile_variants if tiles else moe_variants)
     del experts
+    if gluon:  # `moe_prefill_gluon` (with the rows, at 8 warps) into the tuning file when at least 2% faster
+        Path(path).write_text(json.dumps({"records": records, "moe_1024": moe}, indent=1))
+        eligible = [label for label in moe if label.endswith("warps 8") and moe[label] == moe[label]]
+        pick = min(eligible, key=moe.get, default=None)
+        print(f"moe at 1024 tokens: committed {moe['committed']:.1f} us, best Gluon at 8 warps {pick!r} {moe.get(pick, float('nan')):.1f} us", flush=True)
+        if tuning_in and tuning_out:
+            tuning = json.loads(Path(tuning_in).read_text())
+            if pick is not None and moe[pick] <= GAIN * moe["committed"]:
+                tuning |= {"moe_prefill_gluon": 1, "moe_prefill_gate_up_block_n": int(pick.split()[2])}
+            Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
+            print("tuning:", {key: tuning.get(key) for key in ("moe_prefill_gluon", "moe_prefill_gate_up_block_n")}, flush=True)
+        return
     if tiles:  # decode 2 at the best tiles into the tuning file when it is at least 2% faster
         Path(path).write_text(json.dumps({"records": records, "moe_1024": moe}, indent=1))
         pick = min((label for label in moe if label != "committed" and moe[label] == moe[label]), key=moe.get, default=None)
@@ -210,7 +236,8 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tiles: bool =
 
 
 if __name__ == "__main__":
-    arguments = [a for a in sys.argv[1:] if a != "--tiles"]
+    arguments = [a for a in sys.argv[1:] if a not in ("--tiles", "--gluon")]
     if len(arguments) not in (1, 2, 3):
         sys.exit(__doc__)
-    main(arguments[0], arguments[1] if len(arguments) > 1 else None, arguments[2] if len(arguments) > 2 else None, tiles="--tiles" in sys.argv)
+    main(arguments[0], arguments[1] if len(arguments) > 1 else None, arguments[2] if len(arguments) > 2 else None, tiles="--tiles" in sys.argv,
+         gluon="--gluon" in sys.argv)  # fmt: skip

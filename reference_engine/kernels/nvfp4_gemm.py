@@ -103,6 +103,7 @@ class GemmPlan:
     prefetch: int = -1  # 1: the next K step's x tile and block scales loaded a step ahead; -1: the module's `PREFETCH_*`
     swap: int = -1  # 1: the weight tile is the dot's first operand (`_mma`); -1: the module's `SWAP_*`
     fused: int = -1  # routed experts' gate/up launch: 1 one dot over interleaved gate and up rows; -1: the module's `FUSE_GATE_UP`
+    gluon: int = -1  # routed experts' gate/up launch: 1 the Gluon kernel where it applies (`_gluon_gate_up`); -1: the module's `GLUON_GATE_UP`
 
 
 DECODE = 0  # the weight decode of every plan that does not name one (the tuning file may set 1)
@@ -166,6 +167,7 @@ def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DE
 
 
 DECODE_MOE = -1  # 2: the routed experts' prefill GEMMs decode into the register operand (`_register_products`); -1: `DECODE`
+GLUON_GATE_UP = 0  # 1: the routed experts' gate/up launch runs `moe_prefill_gluon` where it applies (`_gluon_gate_up`; not yet run on a GPU)
 MOE_BLOCK_M_MAX = 64  # the routed experts' largest token block (16, 32 or 64; the tuning file may lower it)
 MOE_GATE_UP_BLOCK_N = 64  # gate rows (and as many up rows) per program of the routed experts' first launch (64 or 128)
 SMALL_M_TOKENS = 64  # up to this many tokens a linear gets `_small_m_plan`
@@ -188,6 +190,17 @@ def _small_m_plan(tokens: int, rows: int, k: int, block_kb: int, sm_count: int) 
     while programs * split < 2 * sm_count and split < 16 and steps >= 8 * split:
         split *= 2
     return GemmPlan(block_m, block_n, block_kb, 4, 3, split)
+
+
+def _gluon_gate_up(x: torch.Tensor, plan_a: GemmPlan, register: bool, hidden: int) -> bool:
+    """Whether the gate/up launch runs the Gluon kernel: switched on (`plan_a.gluon`, else `GLUON_GATE_UP`), bfloat16 x on
+    CUDA with rows of whole int32 words, not decode 2, 64-token blocks, 64 or 128 rows per program at 4 or 8 warps, H a
+    multiple of 64."""
+    return bool(
+        (GLUON_GATE_UP if plan_a.gluon < 0 else plan_a.gluon) and x.is_cuda and not interpreting() and x.dtype == torch.bfloat16 and not register
+        and plan_a.block_m == 64 and plan_a.block_n in (64, 128) and plan_a.num_warps in (4, 8) and hidden % 64 == 0
+        and x.stride(1) == 1 and x.stride(0) % 2 == 0 and x.storage_offset() % 2 == 0
+    )
 
 
 def _sm_count(device: torch.device) -> int:
@@ -911,13 +924,22 @@ def nvfp4_moe_prefill(
     staged = interpreting() and x.dtype != torch.float32
     act = torch.empty((pairs, inter), dtype=torch.float32 if staged else x.dtype, device=x.device)  # [P, I] sorted order
     dot_kind = _dot_kind(x.dtype)
-    _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
-        x, order, table, _packed_operand(experts.gate_up_packed.contiguous(), _decode(plan_a)), experts.gate_up_scale.contiguous(),
-        experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
-        BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb, EVEN_K=(hidden // 2) % plan_a.block_kb == 0,
-        DOT_KIND=dot_kind, DECODE=_decode(plan_a), PREFETCH=_prefetch(plan_a, moe=True), SWAP=_swap(plan_a, moe=True),
-        FUSED=FUSE_GATE_UP if plan_a.fused < 0 else plan_a.fused, num_warps=plan_a.num_warps, num_stages=1 if register else plan_a.num_stages,
-    )
+    if _gluon_gate_up(x, plan_a, register, hidden):  # the two-stage Gluon kernel (not yet run on a GPU: off unless tuned on)
+        from reference_engine.kernels.moe_prefill_gluon import moe_gate_up_gluon_kernel
+
+        moe_gate_up_gluon_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
+            x.view(torch.int32), order, table, experts.gate_up_packed.contiguous(), experts.gate_up_scale.contiguous(),
+            experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0) // 2, I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
+            BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, num_warps=plan_a.num_warps,
+        )
+    else:
+        _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
+            x, order, table, _packed_operand(experts.gate_up_packed.contiguous(), _decode(plan_a)), experts.gate_up_scale.contiguous(),
+            experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
+            BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb, EVEN_K=(hidden // 2) % plan_a.block_kb == 0,
+            DOT_KIND=dot_kind, DECODE=_decode(plan_a), PREFETCH=_prefetch(plan_a, moe=True), SWAP=_swap(plan_a, moe=True),
+            FUSED=FUSE_GATE_UP if plan_a.fused < 0 else plan_a.fused, num_warps=plan_a.num_warps, num_stages=1 if register else plan_a.num_stages,
+        )
     if staged:  # the interpreter truncates float32 -> bf16; torch rounds
         act = act.to(x.dtype)
     pair_out = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)  # [T*k, H]

@@ -1,0 +1,100 @@
+"""The routed experts' gate/up launch in Gluon (`kernels/moe_prefill_gluon.py`), two decoded-tile stages.
+
+Gluon has no interpreter, so on the CPU the kernel is compiled for sm_90 ahead of time (Triton's bundled ptxas) at the
+tiles `_gluon_gate_up` accepts: no register spills, four wgmma calls of K 32 per step (eight `wgmma.mma_async` of K 16)
+and the two CTA barriers of the two-stage loop. `_gluon_gate_up` must keep every CPU and interpreter path on the Triton
+kernel. CUDA: the whole experts op with the Gluon gate/up launch against the Triton one at the real layer (1024
+tokens) and at a ragged 37 tokens, outputs NaN-poisoned first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+COMPILE_SCRIPT = r'''
+import json, os, re, subprocess, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from reference_engine.kernels import moe_prefill_gluon as g
+
+ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+sig = {"x_words_ptr": "*i32", "order_ptr": "*i32", "blocks_ptr": "*i32", "packed_ptr": "*u8", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32",
+       "act_ptr": "*bf16", "MAX_BLOCKS": "i32", "stride_xw": "i32"}
+names = [p.name for p in g.moe_gate_up_gluon_kernel.params]
+attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}  # as a real launch specialises
+report = {}
+for rows, warps in ((64, 4), (64, 8), (128, 8)):
+    consts = {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "BLOCK_M": 64, "BLOCK_N": rows, "num_warps": warps}
+    compiled = triton.compile(GluonASTSource(g.moe_gate_up_gluon_kernel, sig | {k: "constexpr" for k in consts}, constexprs=consts, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    ptx = compiled.asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as handle:
+        handle.write(ptx)
+    info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", handle.name, "-o", os.devnull], capture_output=True, text=True, check=True).stderr
+    os.unlink(handle.name)
+    report[f"{rows}x{warps}"] = {"spill_bytes": int(re.search(r"(\d+) bytes spill stores", info).group(1)), "wgmma": ptx.count("wgmma.mma_async"),
+                                 "barriers": ptx.count("bar.sync"), "shared": compiled.metadata.shared}
+print("JSON" + json.dumps(report))
+'''
+
+
+def test_gluon_gate_up_compiles_for_sm90_without_spills():
+    from kernel_interpreter import REPO
+
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+    if result.returncode != 0 and "ptxas" in result.stderr and "No such file" in result.stderr:
+        pytest.skip("Triton's bundled ptxas is not available")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout[result.stdout.rindex("JSON") + 4 :])
+    assert sorted(report) == ["128x8", "64x4", "64x8"]
+    for name, info in report.items():
+        assert info["spill_bytes"] == 0, (name, info)
+        assert info["wgmma"] == 8, (name, info)  # 4 calls of K 32 per step, each two wgmma.mma_async of K 16
+        assert info["barriers"] == 2, (name, info)  # stage free, stores visible
+        rows = int(name.split("x")[0])
+        assert info["shared"] == 2 * 2 * (64 + 2 * rows) * 32 * 2, (name, info)  # 2 stages x (x, gate, up) even/odd tiles, bf16
+
+
+def test_cpu_and_interpreter_paths_never_take_the_gluon_kernel(monkeypatch):
+    from reference_engine.kernels import nvfp4_gemm
+
+    p = nvfp4_gemm.GemmPlan(64, 128, 32, 8, 3)
+    x = torch.randn(8, 2048).bfloat16()
+    assert nvfp4_gemm.GLUON_GATE_UP == 0  # off unless a tuning file switches it on
+    monkeypatch.setattr(nvfp4_gemm, "GLUON_GATE_UP", 1)
+    assert not nvfp4_gemm._gluon_gate_up(x, p, False, 2048)  # a CPU tensor
+    assert not nvfp4_gemm._gluon_gate_up(x, nvfp4_gemm.GemmPlan(64, 128, 32, 8, 3, gluon=1), False, 2048)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("rows", "warps"), [(128, 8), (64, 4)])
+@pytest.mark.parametrize("tokens", [1024, 37])
+def test_gluon_gate_up_matches_the_triton_launch_on_cuda(tokens, rows, warps):
+    from real_moe_layer import EXPERTS, HIDDEN, INTER, TOP_K, cuda_experts
+
+    from reference_engine.kernels import nvfp4_gemm
+
+    generator = torch.Generator().manual_seed(tokens)
+    experts = cuda_experts(EXPERTS, HIDDEN, INTER, generator)
+    x = torch.randn(tokens, HIDDEN, generator=generator).bfloat16().cuda()
+    ids = torch.stack([torch.randperm(EXPERTS, generator=generator)[:TOP_K] for _ in range(tokens)]).int().cuda()
+    weights = torch.softmax(torch.randn(tokens, TOP_K, generator=generator), dim=1).cuda()
+    outs = []
+    for gluon in (0, 1):
+        plans = (nvfp4_gemm.GemmPlan(64, rows, 32, warps, 3, gluon=gluon), nvfp4_gemm.GemmPlan(64, 128, 32, 8, 3))
+        assert nvfp4_gemm._gluon_gate_up(x, plans[0], False, HIDDEN) == bool(gluon)
+        out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
+        nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out, plans=plans)
+        outs.append(out)
+    assert torch.isfinite(outs[1]).all()
+    error = float((outs[1].double() - outs[0].double()).norm() / outs[0].double().norm())
+    assert error < 2e-3, error  # the same products; the activation rounded to bf16 after another float32 summation order
