@@ -61,6 +61,8 @@ Options the tuning file switches (each measured on the H200, `benchmarks/NOTES.m
   (run37: 476 to 502 us against 475, off).
 - decode 2 (`DECODE_MOE`): the experts' GEMMs decode straight into wgmma's register operand (`_register_products`;
   run36: 2.4 to 4.9 times slower, off).
+- `gluon` (`GLUON_GATE_UP`): the experts' gate/up launch as the Gluon kernel of `moe_prefill_gluon` (two decoded-tile
+  stages: step k+1's decode overlaps step k's async wgmma). Compiled for sm_90 offline only; not yet run on a GPU, off.
 """
 
 from __future__ import annotations
