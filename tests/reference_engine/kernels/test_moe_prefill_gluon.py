@@ -75,16 +75,23 @@ def test_cpu_and_interpreter_paths_never_take_the_gluon_kernel(monkeypatch):
     assert not nvfp4_gemm._gluon_gate_up(x, nvfp4_gemm.GemmPlan(64, 128, 32, 8, 3, gluon=1), False, 2048)
 
 
+@pytest.fixture(scope="module")
+def real_experts():
+    from real_moe_layer import EXPERTS, HIDDEN, INTER, cuda_experts
+
+    return cuda_experts(EXPERTS, HIDDEN, INTER, torch.Generator().manual_seed(0))
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize(("rows", "warps"), [(128, 8), (64, 4)])
 @pytest.mark.parametrize("tokens", [1024, 37])
-def test_gluon_gate_up_matches_the_triton_launch_on_cuda(tokens, rows, warps):
-    from real_moe_layer import EXPERTS, HIDDEN, INTER, TOP_K, cuda_experts
+def test_gluon_gate_up_matches_the_triton_launch_on_cuda(tokens, rows, warps, real_experts):
+    from real_moe_layer import EXPERTS, HIDDEN, TOP_K
 
     from reference_engine.kernels import nvfp4_gemm
 
     generator = torch.Generator().manual_seed(tokens)
-    experts = cuda_experts(EXPERTS, HIDDEN, INTER, generator)
+    experts = real_experts
     x = torch.randn(tokens, HIDDEN, generator=generator).bfloat16().cuda()
     ids = torch.stack([torch.randperm(EXPERTS, generator=generator)[:TOP_K] for _ in range(tokens)]).int().cuda()
     weights = torch.softmax(torch.randn(tokens, TOP_K, generator=generator), dim=1).cuda()
