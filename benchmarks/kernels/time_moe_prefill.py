@@ -5,8 +5,9 @@ block; write the winners into a tuning file.
     PYTHONPATH=. python3 benchmarks/kernels/time_moe_prefill.py results.json [tuning-in.json [tuning-out.json]] [--tiles | --gluon]
 
 `--gluon`: the experts only, the committed plans against the gate/up launch in Gluon (`moe_prefill_gluon`, two
-decoded-tile stages; rows 128 and 64 at 8 warps, 64 at 4); tuning-out gets `moe_prefill_gluon` 1 (and its rows) for a
-gain of 2% or more at 8 warps.
+decoded-tile stages; rows 128 and 64 at 8 warps, 64 at 4) and against both launches in Gluon (128 rows, 8 warps);
+tuning-out gets `moe_prefill_gluon` 1 (and its rows; `moe_prefill_gluon_down` 1 for both) for a gain of 2% or more at
+8 warps.
 
 `--tiles`: the experts only, the committed plans against the fused gate/up launch (`moe_prefill_fused_gate_up`, one
 dot over interleaved gate and up rows, 128 or 64 rows of each) and decode 2 (`gemm_decode_moe`, the register operand)
@@ -98,11 +99,13 @@ def tile_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
 
 def gluon_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
     """`--gluon`: the committed plans, then the gate/up launch in Gluon (`kernels/moe_prefill_gluon.py`, two decoded-tile
-    stages) at 128 and 64 rows with 8 warps (what `moe_prefill_gate_up_block_n` expresses) and at 64 rows with 4 warps."""
+    stages) at 128 and 64 rows with 8 warps (what `moe_prefill_gate_up_block_n` expresses) and at 64 rows with 4 warps,
+    then both launches in Gluon."""
     base_a, base_b = plan("moe_gate_up", tokens * TOP_K, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", tokens * TOP_K, HIDDEN, INTER, num_experts=EXPERTS)
     found = {"committed": (base_a, base_b)}
     for rows, warps in ((128, 8), (64, 8), (64, 4)):
-        found[f"gluon rows {rows} warps {warps}"] = (with_fields(base_a, gluon=1, block_n=rows, num_warps=warps), base_b)
+        found[f"gluon gate/up rows {rows} warps {warps}"] = (with_fields(base_a, gluon=1, block_n=rows, num_warps=warps), base_b)
+    found["gluon both rows 128 warps 8"] = (with_fields(base_a, gluon=1, block_n=128, num_warps=8), with_fields(base_b, gluon=1))
     return found
 
 
@@ -200,9 +203,11 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tiles: bool =
         if tuning_in and tuning_out:
             tuning = json.loads(Path(tuning_in).read_text())
             if pick is not None and moe[pick] <= GAIN * moe["committed"]:
-                tuning |= {"moe_prefill_gluon": 1, "moe_prefill_gate_up_block_n": int(pick.split()[2])}
+                tuning |= {"moe_prefill_gluon": 1, "moe_prefill_gate_up_block_n": int(pick.split()[3])}
+                if pick.startswith("gluon both"):
+                    tuning["moe_prefill_gluon_down"] = 1
             Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
-            print("tuning:", {key: tuning.get(key) for key in ("moe_prefill_gluon", "moe_prefill_gate_up_block_n")}, flush=True)
+            print("tuning:", {key: tuning.get(key) for key in ("moe_prefill_gluon", "moe_prefill_gluon_down", "moe_prefill_gate_up_block_n")}, flush=True)
         return
     if tiles:  # decode 2 at the best tiles into the tuning file when it is at least 2% faster
         Path(path).write_text(json.dumps({"records": records, "moe_1024": moe}, indent=1))

@@ -1,8 +1,10 @@
-"""The routed experts' prefill gate/up GEMM in Gluon (Hopper): decoded weight tiles in two shared-memory stages.
+"""The routed experts' prefill GEMMs (gate/up, down) in Gluon (Hopper): decoded weight tiles in two shared-memory stages.
 
 Status: compiled for sm_90 ahead of time only (Triton 3.6's bundled ptxas; `tests/reference_engine/kernels/
-test_moe_prefill_gluon.py`). It has not yet run on a GPU: no correctness or speed figure exists. Nothing calls it
-unless `nvfp4_gemm.GLUON_GATE_UP` is set (tuning key `moe_prefill_gluon`, absent from the committed tuning file).
+test_moe_prefill_gluon.py`). Neither kernel has run on a GPU yet: no correctness or speed figure exists. Nothing calls
+them unless a plan's `gluon` is 1 or `nvfp4_gemm.GLUON_GATE_UP` / `GLUON_DOWN` is set (tuning keys `moe_prefill_gluon`,
+`moe_prefill_gluon_down`; absent from the committed tuning file). `moe_down_gluon_kernel` is the down launch in the
+same form (one accumulator, two wgmmas per step).
 
 Why (benchmarks/NOTES.md, run39): the plain-Triton gate/up launch (`nvfp4_gemm._moe_gate_up_kernel`) stalls on the CTA
 barrier between storing its decoded weight tile and the wgmma that reads it; with one tile buffer, step k+1's decode
@@ -143,3 +145,69 @@ def moe_gate_up_gluon_kernel(
     positions = first + m_o
     out_ptrs = act_ptr + positions.to(gl.int64)[:, None] * I + n_o[None, :]
     gl.store(out_ptrs, act.to(gl.bfloat16), mask=(positions < end)[:, None] & (n_o < I)[None, :])
+
+
+@gluon.jit
+def moe_down_gluon_kernel(
+    act_words_ptr, order_ptr, weights_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, pair_out_ptr,
+    MAX_BLOCKS,
+    H: gl.constexpr, I_BYTES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr,
+):
+    """The down launch in the same two-stage form: grid (block-table blocks, cdiv(H, BLOCK_N)); act [pairs, I] bfloat16
+    in sorted order read as int32 words; writes pair_out[pair, H] float32 = the down products times the tensor scale and
+    the pair's routing weight (as `nvfp4_gemm._moe_down_kernel`). One accumulator: two wgmmas of K 32 per step."""
+    KB: gl.constexpr = 32
+    block = gl.program_id(0)
+    expert = gl.load(blocks_ptr + block)
+    if expert < 0:
+        return
+    first = gl.load(blocks_ptr + MAX_BLOCKS + block)
+    end = gl.load(blocks_ptr + 2 * MAX_BLOCKS + block)
+
+    x_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+    w_layout: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [num_warps, 1], [1, 0])
+    warps_n: gl.constexpr = num_warps // 4
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, warps_n], instr_shape=[16, BLOCK_N // warps_n, 16])
+    a_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KB], gl.bfloat16)
+    b_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KB], gl.bfloat16)
+
+    m_x = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
+    safe_x = gl.minimum(first + m_x, end - 1)
+    row_words = safe_x.to(gl.int64) * I_BYTES  # act row of sorted position p: I elements = I_BYTES words
+    word_cols = gl.arange(0, KB, layout=gl.SliceLayout(0, x_layout))
+    n_w = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout))
+    down_rows = expert.to(gl.int64) * H + gl.minimum(gl.program_id(1) * BLOCK_N + n_w, H - 1)
+    byte_cols = gl.arange(0, KB, layout=gl.SliceLayout(0, w_layout))
+
+    a_even_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, KB], a_smem_layout)
+    a_odd_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, KB], a_smem_layout)
+    w_even_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, KB], b_smem_layout)
+    w_odd_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, KB], b_smem_layout)
+
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    for step in range(I_BYTES // KB):
+        byte0 = step * KB
+        stage = step % 2
+        ae, ao = _x_halves(act_words_ptr, row_words, word_cols, byte0)
+        we, wo = _weight_halves(packed_ptr, scale_ptr, down_rows, byte_cols, I_BYTES, byte0)
+        gl.thread_barrier()  # every warpgroup waited for its step k-2: stage s is free
+        a_even_s.index(stage).store(ae)
+        a_odd_s.index(stage).store(ao)
+        w_even_s.index(stage).store(we)
+        w_odd_s.index(stage).store(wo)
+        fence_async_shared()
+        gl.thread_barrier()
+        acc = warpgroup_mma(a_even_s.index(stage), w_even_s.index(stage).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(a_odd_s.index(stage), w_odd_s.index(stage).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc,))  # step k's two may still run
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    m_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+    n_o = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+    positions = first + m_o
+    valid = positions < end
+    pairs = gl.load(order_ptr + gl.minimum(positions, end - 1))  # flat index t * top_k + j
+    routing = gl.load(weights_ptr + pairs)
+    y = acc * (gl.load(scale_2_ptr + expert) * 16384.0) * routing[:, None]
+    out_ptrs = pair_out_ptr + pairs.to(gl.int64)[:, None] * H + n_o[None, :]
+    gl.store(out_ptrs, y, mask=valid[:, None] & (n_o < H)[None, :])

@@ -61,8 +61,9 @@ Options the tuning file switches (each measured on the H200, `benchmarks/NOTES.m
   (run37: 476 to 502 us against 475, off).
 - decode 2 (`DECODE_MOE`): the experts' GEMMs decode straight into wgmma's register operand (`_register_products`;
   run36: 2.4 to 4.9 times slower, off).
-- `gluon` (`GLUON_GATE_UP`): the experts' gate/up launch as the Gluon kernel of `moe_prefill_gluon` (two decoded-tile
-  stages: step k+1's decode overlaps step k's async wgmma). Compiled for sm_90 offline only; not yet run on a GPU, off.
+- `gluon` (`GLUON_GATE_UP`, `GLUON_DOWN`): the experts' gate/up and down launches as the Gluon kernels of
+  `moe_prefill_gluon` (two decoded-tile stages: step k+1's decode overlaps step k's async wgmma). Compiled for sm_90
+  offline only; not yet run on a GPU, off.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class GemmPlan:
     prefetch: int = -1  # 1: the next K step's x tile and block scales loaded a step ahead; -1: the module's `PREFETCH_*`
     swap: int = -1  # 1: the weight tile is the dot's first operand (`_mma`); -1: the module's `SWAP_*`
     fused: int = -1  # routed experts' gate/up launch: 1 one dot over interleaved gate and up rows; -1: the module's `FUSE_GATE_UP`
-    gluon: int = -1  # routed experts' gate/up launch: 1 the Gluon kernel where it applies (`_gluon_gate_up`); -1: the module's `GLUON_GATE_UP`
+    gluon: int = -1  # routed experts' launch of this plan: 1 its Gluon kernel where it applies (`_gluon_moe`); -1: the module's `GLUON_GATE_UP` / `GLUON_DOWN`
 
 
 DECODE = 0  # the weight decode of every plan that does not name one (the tuning file may set 1)
@@ -169,7 +170,8 @@ def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DE
 
 
 DECODE_MOE = -1  # 2: the routed experts' prefill GEMMs decode into the register operand (`_register_products`); -1: `DECODE`
-GLUON_GATE_UP = 0  # 1: the routed experts' gate/up launch runs `moe_prefill_gluon` where it applies (`_gluon_gate_up`; not yet run on a GPU)
+GLUON_GATE_UP = 0  # 1: the routed experts' gate/up launch runs `moe_prefill_gluon` where it applies (`_gluon_moe`; not yet run on a GPU)
+GLUON_DOWN = 0  # the same for their down launch
 MOE_BLOCK_M_MAX = 64  # the routed experts' largest token block (16, 32 or 64; the tuning file may lower it)
 MOE_GATE_UP_BLOCK_N = 64  # gate rows (and as many up rows) per program of the routed experts' first launch (64 or 128)
 SMALL_M_TOKENS = 64  # up to this many tokens a linear gets `_small_m_plan`
@@ -194,14 +196,14 @@ def _small_m_plan(tokens: int, rows: int, k: int, block_kb: int, sm_count: int) 
     return GemmPlan(block_m, block_n, block_kb, 4, 3, split)
 
 
-def _gluon_gate_up(x: torch.Tensor, plan_a: GemmPlan, register: bool, hidden: int) -> bool:
-    """Whether the gate/up launch runs the Gluon kernel: switched on (`plan_a.gluon`, else `GLUON_GATE_UP`), bfloat16 x on
-    CUDA with rows of whole int32 words, not decode 2, 64-token blocks, 64 or 128 rows per program at 4 or 8 warps, H a
-    multiple of 64."""
+def _gluon_moe(a: torch.Tensor, p: GemmPlan, register: bool, k: int, switch: int) -> bool:
+    """Whether one of the experts' launches runs its Gluon kernel (`moe_prefill_gluon`): switched on (`p.gluon`, else
+    `switch`: `GLUON_GATE_UP` or `GLUON_DOWN`), its activation `a` [rows, k] bfloat16 on CUDA with rows of whole int32
+    words, not decode 2, 64-token blocks, 64 or 128 rows per program at 4 or 8 warps, k a multiple of 64."""
     return bool(
-        (GLUON_GATE_UP if plan_a.gluon < 0 else plan_a.gluon) and x.is_cuda and not interpreting() and x.dtype == torch.bfloat16 and not register
-        and plan_a.block_m == 64 and plan_a.block_n in (64, 128) and plan_a.num_warps in (4, 8) and hidden % 64 == 0
-        and x.stride(1) == 1 and x.stride(0) % 2 == 0 and x.storage_offset() % 2 == 0
+        (switch if p.gluon < 0 else p.gluon) and a.is_cuda and not interpreting() and a.dtype == torch.bfloat16 and not register
+        and p.block_m == 64 and p.block_n in (64, 128) and p.num_warps in (4, 8) and k % 64 == 0
+        and a.stride(1) == 1 and a.stride(0) % 2 == 0 and a.storage_offset() % 2 == 0
     )
 
 
@@ -926,7 +928,7 @@ def nvfp4_moe_prefill(
     staged = interpreting() and x.dtype != torch.float32
     act = torch.empty((pairs, inter), dtype=torch.float32 if staged else x.dtype, device=x.device)  # [P, I] sorted order
     dot_kind = _dot_kind(x.dtype)
-    if _gluon_gate_up(x, plan_a, register, hidden):  # the two-stage Gluon kernel (not yet run on a GPU: off unless tuned on)
+    if _gluon_moe(x, plan_a, register, hidden, GLUON_GATE_UP):  # the two-stage Gluon kernel (not yet run on a GPU: off unless tuned on)
         from reference_engine.kernels.moe_prefill_gluon import moe_gate_up_gluon_kernel
 
         moe_gate_up_gluon_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
@@ -945,12 +947,22 @@ def nvfp4_moe_prefill(
     if staged:  # the interpreter truncates float32 -> bf16; torch rounds
         act = act.to(x.dtype)
     pair_out = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)  # [T*k, H]
-    _moe_down_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
-        act, order, topk_weights.contiguous(), table, _packed_operand(experts.down_packed.contiguous(), _decode(plan_b)), experts.down_scale.contiguous(),
-        experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
-        BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
-        DOT_KIND=dot_kind, DECODE=_decode(plan_b), PREFETCH=_prefetch(plan_b, moe=True), SWAP=_swap(plan_b, moe=True), num_warps=plan_b.num_warps, num_stages=1 if register else plan_b.num_stages,
-    )
+    if _gluon_moe(act, plan_b, register, inter, GLUON_DOWN):  # the two-stage Gluon kernel (not yet run on a GPU: off unless tuned on)
+        from reference_engine.kernels.moe_prefill_gluon import moe_down_gluon_kernel
+
+        moe_down_gluon_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
+            act.view(torch.int32), order, topk_weights.contiguous(), table, experts.down_packed.contiguous(), experts.down_scale.contiguous(),
+            experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2, BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n,
+            num_warps=plan_b.num_warps,
+        )
+    else:
+        _moe_down_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
+            act, order, topk_weights.contiguous(), table, _packed_operand(experts.down_packed.contiguous(), _decode(plan_b)), experts.down_scale.contiguous(),
+            experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
+            BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
+            DOT_KIND=dot_kind, DECODE=_decode(plan_b), PREFETCH=_prefetch(plan_b, moe=True), SWAP=_swap(plan_b, moe=True), num_warps=plan_b.num_warps,
+            num_stages=1 if register else plan_b.num_stages,
+        )
     slot_sum(pair_out, out, top_k)
     return out
 

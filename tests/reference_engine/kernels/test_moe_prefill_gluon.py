@@ -1,10 +1,11 @@
-"""The routed experts' gate/up launch in Gluon (`kernels/moe_prefill_gluon.py`), two decoded-tile stages.
+"""The routed experts' prefill launches in Gluon (`kernels/moe_prefill_gluon.py`), two decoded-tile stages.
 
-Gluon has no interpreter, so on the CPU the kernel is compiled for sm_90 ahead of time (Triton's bundled ptxas) at the
-tiles `_gluon_gate_up` accepts: no register spills, four wgmma calls of K 32 per step (eight `wgmma.mma_async` of K 16)
-and the two CTA barriers of the two-stage loop. `_gluon_gate_up` must keep every CPU and interpreter path on the Triton
-kernel. CUDA: the whole experts op with the Gluon gate/up launch against the Triton one at the real layer (1024
-tokens) and at a ragged 37 tokens, outputs NaN-poisoned first.
+Gluon has no interpreter, so on the CPU both kernels are compiled for sm_90 ahead of time (Triton's bundled ptxas) at
+the tiles `nvfp4_gemm._gluon_moe` accepts: no register spills, the wgmma calls of K 32 per step (gate/up: four, eight
+`wgmma.mma_async` of K 16; down: two, four) and the two CTA barriers of the two-stage loop. `_gluon_moe` must keep every
+CPU and interpreter path on the Triton kernels. CUDA: the whole experts op with the Gluon gate/up launch, and with both
+Gluon launches, against the Triton launches at the real layer (1024 tokens) and at a ragged 37 tokens, outputs
+NaN-poisoned first.
 """
 
 from __future__ import annotations
@@ -25,27 +26,31 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from reference_engine.kernels import moe_prefill_gluon as g
 
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-sig = {"x_words_ptr": "*i32", "order_ptr": "*i32", "blocks_ptr": "*i32", "packed_ptr": "*u8", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32",
-       "act_ptr": "*bf16", "MAX_BLOCKS": "i32", "stride_xw": "i32"}
-names = [p.name for p in g.moe_gate_up_gluon_kernel.params]
-attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}  # as a real launch specialises
+common = {"order_ptr": "*i32", "blocks_ptr": "*i32", "packed_ptr": "*u8", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "MAX_BLOCKS": "i32"}
+gate_up = common | {"x_words_ptr": "*i32", "act_ptr": "*bf16", "stride_xw": "i32"}
+down = common | {"act_words_ptr": "*i32", "weights_ptr": "*fp32", "pair_out_ptr": "*fp32"}
+configs = [(f"gate_up {rows}x{warps}", g.moe_gate_up_gluon_kernel, gate_up, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "BLOCK_M": 64, "BLOCK_N": rows, "num_warps": warps})
+           for rows, warps in ((64, 4), (64, 8), (128, 8))]
+configs += [(f"down {rows}x{warps}", g.moe_down_gluon_kernel, down, {"H": 2048, "I_BYTES": 256, "BLOCK_M": 64, "BLOCK_N": rows, "num_warps": warps})
+            for rows, warps in ((64, 4), (128, 8))]
 report = {}
-for rows, warps in ((64, 4), (64, 8), (128, 8)):
-    consts = {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "BLOCK_M": 64, "BLOCK_N": rows, "num_warps": warps}
-    compiled = triton.compile(GluonASTSource(g.moe_gate_up_gluon_kernel, sig | {k: "constexpr" for k in consts}, constexprs=consts, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+for name, kernel, sig, consts in configs:
+    names = [p.name for p in kernel.params]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*")}  # as a real launch specialises
+    compiled = triton.compile(GluonASTSource(kernel, sig | {k: "constexpr" for k in consts}, constexprs=consts, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": consts["num_warps"]})
     ptx = compiled.asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as handle:
         handle.write(ptx)
     info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", handle.name, "-o", os.devnull], capture_output=True, text=True, check=True).stderr
     os.unlink(handle.name)
-    report[f"{rows}x{warps}"] = {"spill_bytes": int(re.search(r"(\d+) bytes spill stores", info).group(1)), "wgmma": ptx.count("wgmma.mma_async"),
-                                 "barriers": ptx.count("bar.sync"), "shared": compiled.metadata.shared}
+    report[name] = {"spill_bytes": int(re.search(r"(\d+) bytes spill stores", info).group(1)), "wgmma": ptx.count("wgmma.mma_async"),
+                    "barriers": ptx.count("bar.sync"), "shared": compiled.metadata.shared}
 print("JSON" + json.dumps(report))
 '''
 
 
-def test_gluon_gate_up_compiles_for_sm90_without_spills():
+def test_gluon_kernels_compile_for_sm90_without_spills():
     from kernel_interpreter import REPO
 
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
@@ -55,24 +60,25 @@ def test_gluon_gate_up_compiles_for_sm90_without_spills():
         pytest.skip("Triton's bundled ptxas is not available")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout[result.stdout.rindex("JSON") + 4 :])
-    assert sorted(report) == ["128x8", "64x4", "64x8"]
+    assert sorted(report) == ["down 128x8", "down 64x4", "gate_up 128x8", "gate_up 64x4", "gate_up 64x8"]
     for name, info in report.items():
+        kind, tile = name.split()
+        rows = int(tile.split("x")[0])
+        weight_tiles = 2 if kind == "gate_up" else 1  # gate and up, or down
         assert info["spill_bytes"] == 0, (name, info)
-        assert info["wgmma"] == 8, (name, info)  # 4 calls of K 32 per step, each two wgmma.mma_async of K 16
+        assert info["wgmma"] == 4 * weight_tiles, (name, info)  # per weight tile: even and odd calls of K 32, two K-16 instructions each
         assert info["barriers"] == 2, (name, info)  # stage free, stores visible
-        rows = int(name.split("x")[0])
-        assert info["shared"] == 2 * 2 * (64 + 2 * rows) * 32 * 2, (name, info)  # 2 stages x (x, gate, up) even/odd tiles, bf16
+        assert info["shared"] == 2 * 2 * (64 + weight_tiles * rows) * 32 * 2, (name, info)  # 2 stages x even/odd x (x + weights), bf16
 
 
-def test_cpu_and_interpreter_paths_never_take_the_gluon_kernel(monkeypatch):
+def test_cpu_and_interpreter_paths_never_take_the_gluon_kernels():
     from reference_engine.kernels import nvfp4_gemm
 
-    p = nvfp4_gemm.GemmPlan(64, 128, 32, 8, 3)
     x = torch.randn(8, 2048).bfloat16()
-    assert nvfp4_gemm.GLUON_GATE_UP == 0  # off unless a tuning file switches it on
-    monkeypatch.setattr(nvfp4_gemm, "GLUON_GATE_UP", 1)
-    assert not nvfp4_gemm._gluon_gate_up(x, p, False, 2048)  # a CPU tensor
-    assert not nvfp4_gemm._gluon_gate_up(x, nvfp4_gemm.GemmPlan(64, 128, 32, 8, 3, gluon=1), False, 2048)
+    assert nvfp4_gemm.GLUON_GATE_UP == 0 and nvfp4_gemm.GLUON_DOWN == 0  # off unless a tuning file switches them on
+    for switch in (0, 1):
+        assert not nvfp4_gemm._gluon_moe(x, nvfp4_gemm.GemmPlan(64, 128, 32, 8, 3), False, 2048, switch)  # a CPU tensor
+    assert not nvfp4_gemm._gluon_moe(x, nvfp4_gemm.GemmPlan(64, 128, 32, 8, 3, gluon=1), False, 2048, 0)
 
 
 @pytest.fixture(scope="module")
@@ -83,25 +89,26 @@ def real_experts():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(("rows", "warps"), [(128, 8), (64, 4)])
+@pytest.mark.parametrize(("rows", "warps", "down"), [(128, 8, False), (64, 4, False), (128, 8, True)])
 @pytest.mark.parametrize("tokens", [1024, 37])
-def test_gluon_gate_up_matches_the_triton_launch_on_cuda(tokens, rows, warps, real_experts):
-    from real_moe_layer import EXPERTS, HIDDEN, TOP_K
+def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, rows, warps, down, real_experts):
+    from real_moe_layer import EXPERTS, HIDDEN, INTER, TOP_K
 
     from reference_engine.kernels import nvfp4_gemm
 
     generator = torch.Generator().manual_seed(tokens)
-    experts = real_experts
     x = torch.randn(tokens, HIDDEN, generator=generator).bfloat16().cuda()
     ids = torch.stack([torch.randperm(EXPERTS, generator=generator)[:TOP_K] for _ in range(tokens)]).int().cuda()
     weights = torch.softmax(torch.randn(tokens, TOP_K, generator=generator), dim=1).cuda()
     outs = []
     for gluon in (0, 1):
-        plans = (nvfp4_gemm.GemmPlan(64, rows, 32, warps, 3, gluon=gluon), nvfp4_gemm.GemmPlan(64, 128, 32, 8, 3))
-        assert nvfp4_gemm._gluon_gate_up(x, plans[0], False, HIDDEN) == bool(gluon)
+        plans = (nvfp4_gemm.GemmPlan(64, rows, 32, warps, 3, gluon=gluon), nvfp4_gemm.GemmPlan(64, 128, 32, 8, 3, gluon=gluon if down else 0))
+        assert nvfp4_gemm._gluon_moe(x, plans[0], False, HIDDEN, 0) == bool(gluon)
+        act_like = torch.empty(8, INTER, dtype=torch.bfloat16, device="cuda")
+        assert nvfp4_gemm._gluon_moe(act_like, plans[1], False, INTER, 0) == bool(gluon and down)
         out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
-        nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out, plans=plans)
+        nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, real_experts, out, plans=plans)
         outs.append(out)
     assert torch.isfinite(outs[1]).all()
     error = float((outs[1].double() - outs[0].double()).norm() / outs[0].double().norm())
-    assert error < 2e-3, error  # the same products; the activation rounded to bf16 after another float32 summation order
+    assert error < 2e-3, error  # the same products; float32 sums in another order, the activation rounded to bf16 after them
