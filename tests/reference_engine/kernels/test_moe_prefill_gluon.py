@@ -111,4 +111,4 @@ def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, rows, warps, d
         outs.append(out)
     assert torch.isfinite(outs[1]).all()
     error = float((outs[1].double() - outs[0].double()).norm() / outs[0].double().norm())
-    assert error < 2e-3, error  # the same products; float32 sums in another order, the activation rounded to bf16 after them
+    assert error < 5e-3, error  # the same products; float32 sums in another order, the activation rounded to bf16 after them (test_nvfp4_gemm.BOUNDS)
