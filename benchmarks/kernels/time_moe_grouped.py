@@ -59,6 +59,15 @@ def time_block(tokens: int, layers: list, xs: list, outs: list, expected: torch.
     return graph_seconds(step) * 1e6 / CALLS, error
 
 
+def time_plan(label: str, tokens: int, layers: list, xs: list, outs: list, expected: torch.Tensor) -> tuple[float, float]:
+    """`time_block` as configured now; a configuration that fails (compile or launch) is reported as (NaN, NaN)."""
+    try:
+        return time_block(tokens, layers, xs, outs, expected)
+    except Exception as failure:  # noqa: BLE001 - a plan that fails is recorded, not fatal
+        print(f"T={tokens:2d} {label}: {type(failure).__name__}: {str(failure)[:200]}", flush=True)
+        return float("nan"), float("nan")
+
+
 def main(path: str, tuning_out: str | None) -> None:
     torch.manual_seed(0)
     apply_for_device(torch.cuda.get_device_name())  # the committed settings the engine runs (per-pair tiles, router)
@@ -80,11 +89,7 @@ def main(path: str, tuning_out: str | None) -> None:
         moe_grouped_decode.MIN_TOKENS = 1
         for name, plan in PLANS.items():
             moe_grouped_decode.PLAN = plan
-            try:
-                us, error = time_block(tokens, layers, xs, outs, expected)
-            except Exception as failure:  # noqa: BLE001 - a plan that fails is recorded
-                us, error = float("nan"), float("nan")
-                print(f"T={tokens:2d} grouped {name}: {type(failure).__name__}: {str(failure)[:160]}", flush=True)
+            us, error = time_plan(f"grouped {name}", tokens, layers, xs, outs, expected)
             grouped[name][tokens] = us
             records.append({"tokens": tokens, "kernels": "grouped", "plan_name": name, "plan": vars(plan), "us": us, "rel_error": error,
                             "per_pair_over_grouped": None if math.isnan(us) else per_pair[tokens] / us})  # fmt: skip

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_moe_decode import COPIES, TOP_K, H, layer
-from time_moe_grouped import time_block
+from time_moe_grouped import time_block, time_plan
 
 from reference_engine.kernels import moe_grouped_decode, moe_grouped_half
 from reference_engine.kernels.moe_grouped_half import HalfGroupedPlan
@@ -85,11 +85,7 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tokens_list: 
         moe_grouped_half.MIN_TOKENS, moe_grouped_half.MAX_TOKENS = 1, None
         for name, plan in plans.items():
             moe_grouped_half.PLAN = plan
-            try:
-                us, error = time_block(tokens, layers, xs, outs, expected)
-            except Exception as failure:  # noqa: BLE001 - a plan that fails is recorded
-                us, error = float("nan"), float("nan")
-                print(f"T={tokens:2d} half {name}: {type(failure).__name__}: {str(failure)[:200]}", flush=True)
+            us, error = time_plan(f"half {name}", tokens, layers, xs, outs, expected)
             half[name][tokens] = us
             records.append({"tokens": tokens, "kernels": "half grouped", "plan_name": name, "plan": vars(plan), "us": us, "rel_error": error,
                             "committed_over_half": None if math.isnan(us) else committed[tokens] / us})  # fmt: skip

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_moe_decode import COPIES, TOP_K, H, layer
-from time_moe_grouped import time_block
+from time_moe_grouped import time_block, time_plan
 
 from reference_engine.kernels import moe_grouped_decode, moe_grouped_half
 from reference_engine.kernels.moe_grouped_decode import GroupedPlan
@@ -76,11 +76,7 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tokens_list: 
         moe_grouped_decode.MIN_TOKENS = 1
         for name, plan in PLANS.items():
             moe_grouped_decode.PLAN = plan
-            try:
-                us, error = time_block(tokens, layers, xs, outs, expected)
-            except Exception as failure:  # noqa: BLE001 - a plan that fails is recorded
-                us, error = float("nan"), float("nan")
-                print(f"T={tokens:2d} {name}: {type(failure).__name__}: {str(failure)[:200]}", flush=True)
+            us, error = time_plan(name, tokens, layers, xs, outs, expected)
             swapped[name][tokens] = us
             ratio = committed[tokens] / us if not math.isnan(us) else None
             records.append({"tokens": tokens, "kernels": "grouped swapped", "plan_name": name, "plan": vars(plan), "us": us, "rel_error": error,

@@ -39,6 +39,31 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 K_STEP_BYTES = 32  # packed bytes of a weight row per K step (64 elements)
 
 
+@gluon.constexpr_function
+def _x_layout(num_warps):
+    """[BM, 32] int32 activation words: 16 bytes per thread along K."""
+    return gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def _w_layout(num_warps):
+    """[BN, 32] packed weight bytes: 16 bytes per thread along K."""
+    return gl.BlockedLayout([1, 16], [16, 2], [num_warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def _acc_layout(block_n, num_warps):
+    """wgmma accumulator [64, BN]: 4 warps along M (one warpgroup's 64 rows), the warpgroups side by side along N."""
+    warps_n = num_warps // 4
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, warps_n], instr_shape=[16, block_n // warps_n, 16])
+
+
+@gluon.constexpr_function
+def _tile_smem_layout(rows):
+    """A [rows, 32] bfloat16 tile in shared memory, as wgmma reads it."""
+    return gl.NVMMASharedLayout.get_default_for([rows, K_STEP_BYTES], gl.bfloat16)
+
+
 @gluon.jit
 def _e2m1_half(codes):
     """uint8 codes 0..15 -> float16 holding the E2M1 value times 2^-14 (magnitude bits to 11..9, sign to 15)."""
@@ -56,6 +81,13 @@ def _weight_halves(packed_ptr, scale_ptr, rows, byte_cols, H_BYTES: gl.constexpr
     even = (_e2m1_half(packed & 0xF) * scale).to(gl.bfloat16)
     odd = (_e2m1_half(packed >> 4) * scale).to(gl.bfloat16)
     return even, odd
+
+
+@gluon.jit
+def _block_bounds(blocks_ptr, block, MAX_BLOCKS):
+    """Block table [3, MAX_BLOCKS] int32 -> (expert, first sorted position, end of the expert's group); expert < 0
+    past the real block count."""
+    return gl.load(blocks_ptr + block), gl.load(blocks_ptr + MAX_BLOCKS + block), gl.load(blocks_ptr + 2 * MAX_BLOCKS + block)
 
 
 @gluon.jit
@@ -78,20 +110,14 @@ def moe_gate_up_gluon_kernel(
     """Grid (block-table blocks, cdiv(I, BLOCK_N)); x as int32 words (x.view(int32), row stride stride_xw words);
     act [pairs, I] bfloat16 at the pairs' sorted positions. BLOCK_M 64 (one wgmma M per warpgroup row), num_warps 4 or 8."""
     KB: gl.constexpr = 32  # packed bytes (and x words) per K step
-    block = gl.program_id(0)
-    expert = gl.load(blocks_ptr + block)
+    expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
     if expert < 0:  # past the real block count
         return
-    first = gl.load(blocks_ptr + MAX_BLOCKS + block)
-    end = gl.load(blocks_ptr + 2 * MAX_BLOCKS + block)
-
-    # Register layouts: loads 16 bytes per thread along K.
-    x_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])  # [BM, 32] int32
-    w_layout: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [num_warps, 1], [1, 0])  # [BN, 32] uint8
-    warps_n: gl.constexpr = num_warps // 4
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, warps_n], instr_shape=[16, BLOCK_N // warps_n, 16])
-    a_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KB], gl.bfloat16)
-    b_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KB], gl.bfloat16)
+    x_layout: gl.constexpr = _x_layout(num_warps)
+    w_layout: gl.constexpr = _w_layout(num_warps)
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_N, num_warps)
+    a_smem_layout: gl.constexpr = _tile_smem_layout(BLOCK_M)
+    b_smem_layout: gl.constexpr = _tile_smem_layout(BLOCK_N)
 
     m_x = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
     positions_x = gl.minimum(first + m_x, end - 1)  # clamped: unmasked loads
@@ -157,19 +183,14 @@ def moe_down_gluon_kernel(
     in sorted order read as int32 words; writes pair_out[pair, H] float32 = the down products times the tensor scale and
     the pair's routing weight (as `nvfp4_gemm._moe_down_kernel`). One accumulator: two wgmmas of K 32 per step."""
     KB: gl.constexpr = 32
-    block = gl.program_id(0)
-    expert = gl.load(blocks_ptr + block)
-    if expert < 0:
+    expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
+    if expert < 0:  # past the real block count
         return
-    first = gl.load(blocks_ptr + MAX_BLOCKS + block)
-    end = gl.load(blocks_ptr + 2 * MAX_BLOCKS + block)
-
-    x_layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
-    w_layout: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [num_warps, 1], [1, 0])
-    warps_n: gl.constexpr = num_warps // 4
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, warps_n], instr_shape=[16, BLOCK_N // warps_n, 16])
-    a_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, KB], gl.bfloat16)
-    b_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, KB], gl.bfloat16)
+    x_layout: gl.constexpr = _x_layout(num_warps)
+    w_layout: gl.constexpr = _w_layout(num_warps)
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_N, num_warps)
+    a_smem_layout: gl.constexpr = _tile_smem_layout(BLOCK_M)
+    b_smem_layout: gl.constexpr = _tile_smem_layout(BLOCK_N)
 
     m_x = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
     safe_x = gl.minimum(first + m_x, end - 1)

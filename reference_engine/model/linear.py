@@ -13,22 +13,24 @@ from dataclasses import dataclass
 import torch
 
 from reference_engine.model.eager_ops import triton_allowed
-from reference_engine.quant.linear import w4a4_linear, w4a16_linear
+from reference_engine.quant.linear import w4a4_linear, w4a16_linear, w4a16_linear_rows
 from reference_engine.quant.nvfp4 import dequantize_nvfp4
 
-PREFILL_MIN_ROWS = 64  # kernels.nvfp4_gemv.MAX_GEMV_TOKENS: above it the Triton op runs the GEMM
+_PREFILL_MIN_ROWS = 64  # kernels.nvfp4_gemv.MAX_GEMV_TOKENS: above it the Triton op runs the GEMM
 
 
-def _eager_w4a16(x: torch.Tensor):
-    """The eager W4A16 op for x [M, K]: on CUDA with M > 64 (prefill) the Triton one, which runs the
-    tensor-core GEMM there; otherwise (CPU, decode-sized M, no Triton) the torch op."""
-    if x.is_cuda and x.shape[0] > PREFILL_MIN_ROWS and triton_allowed(x):
+def eager_w4a16(x: torch.Tensor, stacked: bool = False):
+    """The eager W4A16 op for x [M, K] (`stacked`: the one for stacked linears with a tensor scale per output row,
+    `w4a16_linear_rows`): on CUDA with M > 64 (prefill) the Triton one, which runs the tensor-core GEMM (or the
+    bfloat16 copy + cuBLAS) there; otherwise (CPU, decode-sized M, no Triton) the torch op."""
+    torch_op = w4a16_linear_rows if stacked else w4a16_linear
+    if x.is_cuda and x.shape[0] > _PREFILL_MIN_ROWS and triton_allowed(x):
         try:
             from reference_engine.kernels import nvfp4_gemv
         except ImportError:  # no Triton
-            return w4a16_linear
-        return nvfp4_gemv.w4a16_linear
-    return w4a16_linear
+            return torch_op
+        return nvfp4_gemv.w4a16_linear_rows if stacked else nvfp4_gemv.w4a16_linear
+    return torch_op
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class Linear:
         elif ops is not None:
             ops.w4a16_linear(flat, self.weight_packed, self.weight_scale, self.weight_scale_2, out=out)
         else:
-            _eager_w4a16(flat)(flat, self.weight_packed, self.weight_scale, self.weight_scale_2, out=out)
+            eager_w4a16(flat)(flat, self.weight_packed, self.weight_scale, self.weight_scale_2, out=out)
         return out.view(*x.shape[:-1], self.out_features)
 
     def nbytes(self) -> int:

@@ -17,22 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_engine.model.eager_ops import triton_allowed
-from reference_engine.model.linear import PREFILL_MIN_ROWS, Linear
+from reference_engine.model.linear import Linear, eager_w4a16
 from reference_engine.ops.dense_linear import dense_linear
-from reference_engine.quant.linear import w4a16_linear_rows
-
-
-def _eager_rows(x: torch.Tensor):
-    """The eager stacked W4A16 op for x [M, K]: on CUDA with M > 64 (prefill) the Triton one (tensor-core GEMM or
-    bfloat16 copy + cuBLAS, as `Linear` picks for one linear); otherwise the torch op."""
-    if x.is_cuda and x.shape[0] > PREFILL_MIN_ROWS and triton_allowed(x):
-        try:
-            from reference_engine.kernels import nvfp4_gemv
-        except ImportError:  # no Triton
-            return w4a16_linear_rows
-        return nvfp4_gemv.w4a16_linear_rows
-    return w4a16_linear_rows
 
 
 @dataclass(frozen=True)
@@ -57,7 +43,7 @@ class StackedLinear:
             (ops.dense_linear if ops is not None else dense_linear)(x, self.weight, out)
         else:
             out = torch.empty(x.shape[0], self.total_out_features, dtype=x.dtype, device=x.device)  # [T, sum N]
-            (ops.w4a16_linear_rows if ops is not None else _eager_rows(x))(x, self.weight_packed, self.weight_scale, self.row_scale_2, out=out)
+            (ops.w4a16_linear_rows if ops is not None else eager_w4a16(x, stacked=True))(x, self.weight_packed, self.weight_scale, self.row_scale_2, out=out)
         return tuple(out.split(self.out_features, dim=1))
 
 

@@ -1,6 +1,6 @@
 """Dense linear into a caller's buffer: `out [T, N] = x [T, K] @ weight [N, K]^T` (the torch op of the OpSet's
-`dense_linear`; `kernels/dense_gemv.py` is the Triton one for decode-sized T), and `aligned_linear`, a dense
-linear whose output rows start at 16-byte multiples whatever N is."""
+`dense_linear`; `kernels/dense_gemv.py` is the Triton one for decode-sized T), and `aligned_linear`, F.linear run
+over N rounded up to a multiple of 8 rows where the weight's storage holds them (cuBLAS is slow at N = 257)."""
 
 from __future__ import annotations
 

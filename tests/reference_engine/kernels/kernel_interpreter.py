@@ -82,3 +82,17 @@ def assert_all_passed(records: list[dict], expected_cases: list[str]) -> None:
     assert sorted(seen) == sorted(expected_cases), f"ran {sorted(seen)}, expected {sorted(expected_cases)}"
     failing = [f"{r['case']}: {r['status']} {r.get('message', '')}" for r in records if r["status"] != "PASSED"]
     assert not failing, "\n".join(failing)
+
+
+def sm90_compile_report(source: str, timeout: float = 300) -> dict:
+    """Run Python `source` WITHOUT the interpreter (it compiles kernels for sm_90 ahead of time with Triton's bundled
+    ptxas and prints "JSON" + a report); the report. Skips the calling test when that ptxas is missing."""
+    import pytest
+
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    result = subprocess.run([sys.executable, "-c", source], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if result.returncode != 0 and "ptxas" in result.stderr and "No such file" in result.stderr:
+        pytest.skip("Triton's bundled ptxas is not available")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout[result.stdout.rindex("JSON") + len("JSON"):])

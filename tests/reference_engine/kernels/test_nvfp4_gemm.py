@@ -524,19 +524,9 @@ def test_structural_checks(results):
 
 
 def test_kernels_compile_for_sm90_without_spills():
-    import os
-    import subprocess
-    import sys
+    from kernel_interpreter import sm90_compile_report
 
-    from kernel_interpreter import REPO
-
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(REPO)
-    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
-    if result.returncode != 0 and "ptxas" in result.stderr and "No such file" in result.stderr:
-        pytest.skip("Triton's bundled ptxas is not available")
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout[result.stdout.rindex("JSON") + 4:])
+    report = sm90_compile_report(COMPILE_SCRIPT)
     assert len(report) == 18 + 26 + 6  # linears: 6 shapes x 3 (decode 0; decode 1 with prefetch 0 and 1); MoE: 3 plans x 2 kernels x 3 + 2 x 2 x 2; swap: 2 + 2 x 2
     assert sum(not name.endswith(" split 1") for name in report if name.startswith("linear")) == 9  # decode batches split K
     for name, info in report.items():
@@ -546,10 +536,12 @@ def test_kernels_compile_for_sm90_without_spills():
 
 
 def test_cpu_eager_paths_keep_the_torch_ops():
-    from reference_engine.model.linear import _eager_w4a16
-    from reference_engine.quant.linear import w4a16_linear
+    from reference_engine.model.linear import eager_w4a16
+    from reference_engine.quant.linear import w4a16_linear, w4a16_linear_rows
 
-    assert _eager_w4a16(torch.zeros(2, 16)) is w4a16_linear
+    x = torch.randn(128, 16)  # prefill-sized, but on the CPU
+    assert eager_w4a16(x) is w4a16_linear
+    assert eager_w4a16(x, stacked=True) is w4a16_linear_rows
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
