@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# First GPU run of the Gluon experts' launches (`reference_engine/kernels/moe_prefill_gluon.py`, gate/up and down, written
-# and compiled for sm_90 offline in the eleventh session, never run): their CUDA tests against the Triton launches, then
-# `kernels/time_moe_prefill.py --gluon` (the experts at 1024 tokens, committed against Gluon gate/up at three tiles and
-# both launches at one; the tuning file gets `moe_prefill_gluon` (and `moe_prefill_gluon_down`) only for a 2% gain and
+# The Gluon experts' launches (`reference_engine/kernels/moe_prefill_gluon.py`, gate/up and down, the decoded weights as
+# wgmma's register operand; twelfth session): their CUDA tests against the Triton launches, then
+# `kernels/time_moe_prefill.py --gluon` (the experts at 1024 tokens, committed against Gluon gate/up at four tiles and
+# both launches at two; the tuning file gets `moe_prefill_gluon` (and `moe_prefill_gluon_down`) only for a 2% gain and
 # only if the tests passed), then the full bench when it was taken.
 # Usage: NAME=run46 COMMIT=<sha> bash benchmarks/gpu_gluon.sh      (writes under $OUT; BENCH=0: no bench)
 set -u

@@ -4,10 +4,10 @@ block; write the winners into a tuning file.
 
     PYTHONPATH=. python3 benchmarks/kernels/time_moe_prefill.py results.json [tuning-in.json [tuning-out.json]] [--tiles | --gluon]
 
-`--gluon`: the experts only, the committed plans against the gate/up launch in Gluon (`moe_prefill_gluon`, two
-decoded-tile stages; rows 128 and 64 at 8 warps, 64 at 4) and against both launches in Gluon (128 rows, 8 warps);
-tuning-out gets `moe_prefill_gluon` 1 (and its rows; `moe_prefill_gluon_down` 1 for both) for a gain of 2% or more at
-8 warps.
+`--gluon`: the experts only, the committed plans against the gate/up launch in Gluon (`moe_prefill_gluon`, the
+decoded weights as wgmma's register operand; token blocks 64 and 32, 128 and 64 rows) and against both launches in
+Gluon; tuning-out gets `moe_prefill_gluon` 1 with the winner's rows and token block (`moe_prefill_gluon_down` 1 when
+both launches won) for a gain of 2% or more.
 
 `--tiles`: the experts only, the committed plans against the fused gate/up launch (`moe_prefill_fused_gate_up`, one
 dot over interleaved gate and up rows, 128 or 64 rows of each) and decode 2 (`gemm_decode_moe`, the register operand)
@@ -98,14 +98,15 @@ def tile_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
 
 
 def gluon_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
-    """`--gluon`: the committed plans, then the gate/up launch in Gluon (`kernels/moe_prefill_gluon.py`, two decoded-tile
-    stages) at 128 and 64 rows with 8 warps (what `moe_prefill_gate_up_block_n` expresses) and at 64 rows with 4 warps,
-    then both launches in Gluon."""
+    """`--gluon`: the committed plans, then the gate/up launch in Gluon (`kernels/moe_prefill_gluon.py`, the decoded
+    weights as wgmma's register operand) at token blocks 64 and 32 and 128 or 64 weight rows per program (8 or 4
+    warps), then both launches in Gluon (down: 128 rows). Labels: 'gluon <launches> block_m <m> rows <n>'."""
     base_a, base_b = plan("moe_gate_up", tokens * TOP_K, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", tokens * TOP_K, HIDDEN, INTER, num_experts=EXPERTS)
     found = {"committed": (base_a, base_b)}
-    for rows, warps in ((128, 8), (64, 8), (64, 4)):
-        found[f"gluon gate/up rows {rows} warps {warps}"] = (with_fields(base_a, gluon=1, block_n=rows, num_warps=warps), base_b)
-    found["gluon both rows 128 warps 8"] = (with_fields(base_a, gluon=1, block_n=128, num_warps=8), with_fields(base_b, gluon=1))
+    for block_m, rows in ((64, 128), (64, 64), (32, 128), (32, 64)):
+        found[f"gluon gate/up block_m {block_m} rows {rows}"] = (with_fields(base_a, gluon=1, block_m=block_m, block_n=rows), with_fields(base_b, block_m=block_m))
+    for block_m in (64, 32):
+        found[f"gluon both block_m {block_m} rows 128"] = (with_fields(base_a, gluon=1, block_m=block_m, block_n=128), with_fields(base_b, gluon=1, block_m=block_m, block_n=128))
     return found
 
 
@@ -195,19 +196,20 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tiles: bool =
     experts = stacked_experts()
     moe = time_moe(records, experts, gluon_variants if gluon else tile_variants if tiles else moe_variants)
     del experts
-    if gluon:  # `moe_prefill_gluon` (with the rows, at 8 warps) into the tuning file when at least 2% faster
+    if gluon:  # `moe_prefill_gluon` (with its token block and rows) into the tuning file when at least 2% faster
         Path(path).write_text(json.dumps({"records": records, "moe_1024": moe}, indent=1))
-        eligible = [label for label in moe if label.endswith("warps 8") and moe[label] == moe[label]]
-        pick = min(eligible, key=moe.get, default=None)
-        print(f"moe at 1024 tokens: committed {moe['committed']:.1f} us, best Gluon at 8 warps {pick!r} {moe.get(pick, float('nan')):.1f} us", flush=True)
+        pick = min((label for label in moe if label != "committed" and moe[label] == moe[label]), key=moe.get, default=None)
+        print(f"moe at 1024 tokens: committed {moe['committed']:.1f} us, best Gluon {pick!r} {moe.get(pick, float('nan')):.1f} us", flush=True)
         if tuning_in and tuning_out:
             tuning = json.loads(Path(tuning_in).read_text())
             if pick is not None and moe[pick] <= GAIN * moe["committed"]:
-                tuning |= {"moe_prefill_gluon": 1, "moe_prefill_gate_up_block_n": int(pick.split()[3])}
-                if pick.startswith("gluon both"):
+                _, launches, _, block_m, _, rows = pick.split()
+                tuning |= {"moe_prefill_gluon": 1, "moe_prefill_gate_up_block_n": int(rows), "moe_prefill_block_m_max": int(block_m)}
+                if launches == "both":
                     tuning["moe_prefill_gluon_down"] = 1
             Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
-            print("tuning:", {key: tuning.get(key) for key in ("moe_prefill_gluon", "moe_prefill_gluon_down", "moe_prefill_gate_up_block_n")}, flush=True)
+            keys = ("moe_prefill_gluon", "moe_prefill_gluon_down", "moe_prefill_gate_up_block_n", "moe_prefill_block_m_max")
+            print("tuning:", {key: tuning.get(key) for key in keys}, flush=True)
         return
     if tiles:  # decode 2 at the best tiles into the tuning file when it is at least 2% faster
         Path(path).write_text(json.dumps({"records": records, "moe_1024": moe}, indent=1))

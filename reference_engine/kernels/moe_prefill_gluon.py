@@ -1,29 +1,30 @@
-"""The routed experts' prefill GEMMs (gate/up, down) in Gluon (Hopper): decoded weight tiles in two shared-memory stages.
+"""The routed experts' prefill GEMMs (gate/up, down) in Gluon (Hopper): the decoded weight tile as wgmma's register
+operand, never stored to shared memory.
 
-Status: compiled for sm_90 ahead of time only (Triton 3.6's bundled ptxas; `tests/reference_engine/kernels/
-test_moe_prefill_gluon.py`). Neither kernel has run on a GPU yet: no correctness or speed figure exists. Nothing calls
-them unless a plan's `gluon` is 1 or `nvfp4_gemm.GLUON_GATE_UP` / `GLUON_DOWN` is set (tuning keys `moe_prefill_gluon`,
-`moe_prefill_gluon_down`; absent from the committed tuning file). `moe_down_gluon_kernel` is the down launch in the
-same form (one accumulator, two wgmmas per step).
+Why (benchmarks/NOTES.md, run35 and run39): the plain-Triton launches (`nvfp4_gemm._moe_gate_up_kernel`,
+`_moe_down_kernel`) store every decoded bfloat16 weight tile to shared memory and read it back for wgmma; the
+shared-memory pipe is 73% busy and the warps stall on the CTA barrier between the store and the wgmma. A first Gluon
+form that kept the decoded tiles in two shared-memory stages ran correctly but slower (run46: 638.5 us against 473.4
+for the whole experts op at 1024 tokens). Here the weights are the wgmma's A operand in registers: weight rows are
+the MMA's M (64 per warpgroup), the tokens of one block-table block its N, and only the activation tile passes
+through shared memory (written once per K step by all warps, one CTA barrier per step, two stages).
 
-Why (benchmarks/NOTES.md, run39): the plain-Triton gate/up launch (`nvfp4_gemm._moe_gate_up_kernel`) stalls on the CTA
-barrier between storing its decoded weight tile and the wgmma that reads it; with one tile buffer, step k+1's decode
-waits for step k's wgmma. Here step k+1's loads and decode run while step k's wgmmas are in flight, into the other stage.
+One K step is 128 elements: 64 packed bytes per weight row. Thread (warp w, lane 4g + c) loads the 16 bytes
+16c .. 16c + 15 of rows 16w + g and 16w + g + 8 with one 16-byte load each (`_byte_layout`), decodes them with
+`gl.fp4_to_fp` (low nibble first, as the packing) and multiplies by their two block scales in bfloat16 (an E2M1 value
+times an E4M3 scale has at most 5 significant bits: exact). wgmma's register fragment holds, in thread c, the K
+positions 2c, 2c + 1, 2c + 8, 2c + 9 of each 16-wide slice, so the decoded values enter it in a permuted K order:
+register position k' = 8i + 2c + e holds the element 32c + 2i + e of the step (i < 16, e < 2). That is a relabelling
+of registers, no data moves (`gl.convert_layout(..., assert_trivial=True)` checks it at compile time), and the
+activation tile is written to shared memory in the same permuted order (`_stage`), so every product pairs the right
+elements: the sums are over the same 128 products per step, in another order.
 
-Same inputs, block table and outputs as `_moe_gate_up_kernel` with DECODE 0 (bytes; `e2m1 * block_scale * 2^-14`
-products exact in float16, as bfloat16 dot operands; the tensor scale and 2^14 applied to the float32 accumulators).
-One K step is 64 elements: 32 packed bytes per weight row. Its even elements (low nibbles) and odd elements (high
-nibbles) are decoded apart and stored in two [rows, 32] tiles, and x's even and odd elements likewise (x read as int32
-words: element 2j in the low half). Each step then runs two wgmmas of K 32 per accumulator (even with even, odd with
-odd): the same products as one K-64 step, summed in another order. No tile is interleaved back into K order.
+Per K step: the next step's weight bytes, scales and activation rows are loaded into registers while this step's
+wgmmas run; the activation stage was last read two steps earlier, before the previous step's barrier.
 
-Per iteration k, with stage s = k % 2:
-  1. load step k's x words, weight bytes and block scales; decode to bfloat16 (step k-1's wgmmas still running);
-  2. a CTA barrier: every warpgroup has passed step 5 of iteration k-1, so its step k-2 wgmmas (the last readers of
-     stage s) are done;
-  3. store the six tiles to stage s, fence the async proxy, CTA barrier (every thread's stores visible to wgmma);
-  4. issue step k's four wgmmas asynchronously;
-  5. wait until at most those four are outstanding (this warpgroup's step k-1 done).
+Status: compiled for sm_90 offline (`tests/reference_engine/kernels/test_moe_prefill_gluon.py`); the GPU tests and
+timings are recorded in benchmarks/NOTES.md. Nothing calls these kernels unless a plan's `gluon` is 1 or
+`nvfp4_gemm.GLUON_GATE_UP` / `GLUON_DOWN` is set (tuning keys `moe_prefill_gluon`, `moe_prefill_gluon_down`).
 """
 
 from __future__ import annotations
@@ -36,51 +37,41 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-K_STEP_BYTES = 32  # packed bytes of a weight row per K step (64 elements)
+STEP_BYTES = gl.constexpr(64)  # packed bytes of a weight row per K step (128 elements)
+
+
+@gluon.constexpr_function
+def _warp_rows(rank, rows):
+    """Warp bases: warp w takes rows 16w .. 16w + 15 (4 warps per 64 rows, one warpgroup)."""
+    return [[16 << b] + [0] * (rank - 1) for b in range((rows // 16).bit_length() - 1)]
+
+
+@gluon.constexpr_function
+def _code_layout(rows):
+    """[rows, 16, 8]: the 8 codes of each of a K step's 16 int32 words per row. Thread (w, 4g + c) holds words
+    4c .. 4c + 3 of rows 16w + g and 16w + g + 8, each word's 8 codes in consecutive registers (one asm call)."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 1, 0], [0, 2, 0], [8, 0, 0]],
+        lane_bases=[[0, 4, 0], [0, 8, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=_warp_rows(3, rows), block_bases=[], shape=[rows, 16, 8],
+    )
+
+
+@gluon.constexpr_function
+def _acc_layout(rows, tokens, num_warps):
+    """wgmma accumulator [rows, tokens]: weight rows as M (64 per warpgroup), the block's tokens as N."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, tokens, 16])
 
 
 @gluon.constexpr_function
 def _x_layout(num_warps):
-    """[BM, 32] int32 activation words: 16 bytes per thread along K."""
-    return gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+    """[tokens, 128] activation elements of one K step: 16 bytes per thread along K."""
+    return gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
 
 
 @gluon.constexpr_function
-def _w_layout(num_warps):
-    """[BN, 32] packed weight bytes: 16 bytes per thread along K."""
-    return gl.BlockedLayout([1, 16], [16, 2], [num_warps, 1], [1, 0])
-
-
-@gluon.constexpr_function
-def _acc_layout(block_n, num_warps):
-    """wgmma accumulator [64, BN]: 4 warps along M (one warpgroup's 64 rows), the warpgroups side by side along N."""
-    warps_n = num_warps // 4
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, warps_n], instr_shape=[16, block_n // warps_n, 16])
-
-
-@gluon.constexpr_function
-def _tile_smem_layout(rows):
-    """A [rows, 32] bfloat16 tile in shared memory, as wgmma reads it."""
-    return gl.NVMMASharedLayout.get_default_for([rows, K_STEP_BYTES], gl.bfloat16)
-
-
-@gluon.jit
-def _e2m1_half(codes):
-    """uint8 codes 0..15 -> float16 holding the E2M1 value times 2^-14 (magnitude bits to 11..9, sign to 15)."""
-    c = codes.to(gl.int16)
-    return (((c & 7) << 9) | ((c & 8) << 12)).to(gl.float16, bitcast=True)
-
-
-@gluon.jit
-def _weight_halves(packed_ptr, scale_ptr, rows, byte_cols, H_BYTES: gl.constexpr, byte0):
-    """Rows `rows` [BN] (int64), packed bytes byte0 + byte_cols [32]: (even, odd) elements as bfloat16 [BN, 32] each,
-    e2m1 * block_scale * 2^-14 (exact)."""
-    offsets = rows[:, None] * H_BYTES + (byte0 + byte_cols)[None, :]
-    packed = gl.load(packed_ptr + offsets)  # [BN, 32] uint8
-    scale = gl.load(scale_ptr + rows[:, None] * (H_BYTES // 8) + ((byte0 + byte_cols) // 8)[None, :]).to(gl.float16)  # per byte
-    even = (_e2m1_half(packed & 0xF) * scale).to(gl.bfloat16)
-    odd = (_e2m1_half(packed >> 4) * scale).to(gl.bfloat16)
-    return even, odd
+def _x_smem_layout(tokens):
+    return gl.NVMMASharedLayout.get_default_for([tokens, 2 * STEP_BYTES], gl.bfloat16)
 
 
 @gluon.jit
@@ -90,145 +81,171 @@ def _block_bounds(blocks_ptr, block, MAX_BLOCKS):
     return gl.load(blocks_ptr + block), gl.load(blocks_ptr + MAX_BLOCKS + block), gl.load(blocks_ptr + 2 * MAX_BLOCKS + block)
 
 
+def _decode_asm() -> str:
+    """PTX for one int32 word ($4 .. $11: eight copies, one per element of the call) and its block scale times 2^119
+    (float32, $12 .. $19): $0 .. $3 = bfloat16 pairs (code i, code i + 4) times the scale, code i from bits 4i .. 4i + 3.
+    Code i + 4 sits 16 bits above code i, so one shift serves both halves: magnitude bits to 6 .. 8 and 22 .. 24 (a
+    bfloat16 e2m1 * 2^-126), sign bits to 15 and 31, then one mul.rn.bf16x2 (e2m1 * scale * 2^-7, exact)."""
+    lines = ["{", ".reg .b32 s, t, m, g;", "cvt.rn.bf16x2.f32 s, $12, $12;"]
+    for i in range(4):
+        shift = 6 - 4 * i  # code i's magnitude bits 4i .. 4i + 2 to 6 .. 8
+        lines.append(f"shl.b32 t, $4, {shift};" if shift >= 0 else f"shr.b32 t, $4, {-shift};")
+        lines += ["and.b32 m, t, 0x01C001C0;", "shl.b32 g, t, 6;", "and.b32 g, g, 0x80008000;", "or.b32 m, m, g;", f"mul.rn.bf16x2 ${i}, m, s;"]
+    return "\n".join([*lines, "}"])
+
+
+_DECODE_ASM = gl.constexpr(_decode_asm())
+SCALE_SHIFT = gl.constexpr(2.0**119)  # block scales times 2^119 in the decode, 2^-119 * 2^126 = 2^7 back in the epilogue
+
+
 @gluon.jit
-def _x_halves(x_words_ptr, row_words, word_cols, byte0):
-    """x rows at int32-word offsets row_words [BM] (int64), words byte0 + word_cols [32] (elements 2*byte0 ..):
-    (even, odd) elements as bfloat16 [BM, 32] each."""
-    words = gl.load(x_words_ptr + row_words[:, None] + (byte0 + word_cols)[None, :])  # [BM, 32] int32
-    even = (words & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    odd = ((words >> 16) & 0xFFFF).to(gl.int16).to(gl.bfloat16, bitcast=True)
-    return even, odd
+def _load_weights(words_ptr, scale_ptr, row_words, word_cols, row_scales, step):
+    """One K step of the weight rows: int32 words [rows, 16] and each word's E4M3 block scale [rows, 16] (both
+    `SliceLayout(2, _code_layout)`); row_words / row_scales: each row's first word / scale offset (int64)."""
+    words = gl.load(words_ptr + row_words[:, None] + (step * (STEP_BYTES // 4) + word_cols)[None, :])
+    scale = gl.load(scale_ptr + row_scales[:, None] + (step * (STEP_BYTES // 8) + word_cols // 2)[None, :])
+    return words, scale
+
+
+@gluon.jit
+def _per_code(values, ROWS: gl.constexpr):
+    """[ROWS, 16] per word -> [ROWS, 16, 8] per code (the same register eight times)."""
+    return gl.broadcast(values[:, :, None], gl.full([1, 1, 8], 0, values.dtype, _code_layout(ROWS)))[0]
+
+
+@gluon.jit
+def _operand(words, scale, ROWS: gl.constexpr, a_layout: gl.constexpr):
+    """Words and scales of one K step -> wgmma's A operand [ROWS, 128] bfloat16 (e2m1 * scale * 2^-7) in the permuted
+    K order of the module docstring."""
+    codes = gl.inline_asm_elementwise(
+        _DECODE_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r,r",
+        [_per_code(words, ROWS), _per_code(scale.to(gl.float32) * SCALE_SHIFT, ROWS)],
+        dtype=gl.bfloat16, is_pure=True, pack=8,
+    )  # [ROWS, 16 words, 8]: element e0 + 2 e1 + 4 e2 of word w is code e1 + 2 e2 + 4 e0
+    permuted = codes.reshape([ROWS, 4, 4, 2, 2, 2]).permute((0, 2, 3, 4, 1, 5)).reshape([ROWS, 2 * STEP_BYTES])
+    return gl.convert_layout(permuted, a_layout, assert_trivial=True)
+
+
+@gluon.jit
+def _load_x(x_ptr, row_offsets, cols, step):
+    """One K step of the block's activation rows: [tokens, 128] bfloat16; row_offsets [tokens] int64 elements."""
+    return gl.load(x_ptr + row_offsets[:, None] + (step * 2 * STEP_BYTES + cols)[None, :])
+
+
+@gluon.jit
+def _stage(x, smem, TOKENS: gl.constexpr):
+    """Store an activation tile to shared memory in the operand's permuted K order (element 32c + 8wl + 4e0 + 2e2 + e1
+    of the step at position 32wl + 16e2 + 8e1 + 2c + e0)."""
+    smem.store(x.reshape([TOKENS, 4, 4, 2, 2, 2]).permute((0, 2, 4, 5, 1, 3)).reshape([TOKENS, 2 * STEP_BYTES]))
 
 
 @gluon.jit
 def moe_gate_up_gluon_kernel(
-    x_words_ptr, order_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, act_ptr,
-    MAX_BLOCKS, stride_xw,
+    x_ptr, order_ptr, blocks_ptr, words_ptr, scale_ptr, scale_2_ptr, act_ptr,
+    MAX_BLOCKS, stride_x,
     I: gl.constexpr, H_BYTES: gl.constexpr, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     num_warps: gl.constexpr,
 ):
-    """Grid (block-table blocks, cdiv(I, BLOCK_N)); x as int32 words (x.view(int32), row stride stride_xw words);
-    act [pairs, I] bfloat16 at the pairs' sorted positions. BLOCK_M 64 (one wgmma M per warpgroup row), num_warps 4 or 8."""
-    KB: gl.constexpr = 32  # packed bytes (and x words) per K step
+    """Grid (block-table blocks, cdiv(I, BLOCK_N)): act[p, n] (bfloat16, the pairs' sorted positions p, intermediate
+    columns n) = silu(gate) * up of the block's BLOCK_M tokens against BLOCK_N = 16 * num_warps gate rows and as many up
+    rows of its expert. x [T, H] bfloat16 with row stride stride_x."""
+    STEPS: gl.constexpr = H_BYTES // STEP_BYTES
     expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
     if expert < 0:  # past the real block count
         return
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_N, BLOCK_M, num_warps)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    word_layout: gl.constexpr = gl.SliceLayout(2, _code_layout(BLOCK_N))
     x_layout: gl.constexpr = _x_layout(num_warps)
-    w_layout: gl.constexpr = _w_layout(num_warps)
-    acc_layout: gl.constexpr = _acc_layout(BLOCK_N, num_warps)
-    a_smem_layout: gl.constexpr = _tile_smem_layout(BLOCK_M)
-    b_smem_layout: gl.constexpr = _tile_smem_layout(BLOCK_N)
+
+    cols = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, word_layout))
+    gate_rows = expert.to(gl.int64) * (2 * I) + gl.minimum(cols, I - 1)
+    word_cols = gl.arange(0, STEP_BYTES // 4, layout=gl.SliceLayout(0, word_layout))
+    gate_words, up_words = gate_rows * (H_BYTES // 4), (gate_rows + I) * (H_BYTES // 4)
+    gate_scales, up_scales = gate_rows * (H_BYTES // 8), (gate_rows + I) * (H_BYTES // 8)
 
     m_x = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
-    positions_x = gl.minimum(first + m_x, end - 1)  # clamped: unmasked loads
-    tokens = gl.load(order_ptr + positions_x) // TOP_K
-    row_words = tokens.to(gl.int64) * stride_xw
-    word_cols = gl.arange(0, KB, layout=gl.SliceLayout(0, x_layout))
+    tokens = gl.load(order_ptr + gl.minimum(first + m_x, end - 1)) // TOP_K  # clamped: unmasked loads
+    x_rows = tokens.to(gl.int64) * stride_x
+    x_cols = gl.arange(0, 2 * STEP_BYTES, layout=gl.SliceLayout(0, x_layout))
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 2 * STEP_BYTES], _x_smem_layout(BLOCK_M))
 
-    n_w = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout))
-    cols_w = gl.minimum(gl.program_id(1) * BLOCK_N + n_w, I - 1)
-    gate_rows = expert.to(gl.int64) * (2 * I) + cols_w
-    up_rows = gate_rows + I
-    byte_cols = gl.arange(0, KB, layout=gl.SliceLayout(0, w_layout))
-
-    # Two stages of six tiles: x even / odd, gate even / odd, up even / odd.
-    x_even_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, KB], a_smem_layout)
-    x_odd_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, KB], a_smem_layout)
-    g_even_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, KB], b_smem_layout)
-    g_odd_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, KB], b_smem_layout)
-    u_even_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, KB], b_smem_layout)
-    u_odd_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, KB], b_smem_layout)
-
-    acc_gate = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
-    acc_up = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
-    for step in range(H_BYTES // KB):
-        byte0 = step * KB
-        stage = step % 2
-        xe, xo = _x_halves(x_words_ptr, row_words, word_cols, byte0)
-        ge, go = _weight_halves(packed_ptr, scale_ptr, gate_rows, byte_cols, H_BYTES, byte0)
-        ue, uo = _weight_halves(packed_ptr, scale_ptr, up_rows, byte_cols, H_BYTES, byte0)
-        gl.thread_barrier()  # every warpgroup waited for its step k-2 (end of the last iteration): stage s is free
-        x_even_s.index(stage).store(xe)
-        x_odd_s.index(stage).store(xo)
-        g_even_s.index(stage).store(ge)
-        g_odd_s.index(stage).store(go)
-        u_even_s.index(stage).store(ue)
-        u_odd_s.index(stage).store(uo)
+    acc_gate = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
+    acc_up = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
+    gate_w, gate_scale = _load_weights(words_ptr, scale_ptr, gate_words, word_cols, gate_scales, 0)
+    up_w, up_scale = _load_weights(words_ptr, scale_ptr, up_words, word_cols, up_scales, 0)
+    x = _load_x(x_ptr, x_rows, x_cols, 0)
+    for step in range(STEPS):
+        stage = x_smem.index(step % 2)
+        _stage(x, stage, BLOCK_M)
+        following = gl.minimum(step + 1, STEPS - 1)  # the last step reloads itself: no masks
+        x = _load_x(x_ptr, x_rows, x_cols, following)
+        gate_a = _operand(gate_w, gate_scale, BLOCK_N, a_layout)
+        gate_w, gate_scale = _load_weights(words_ptr, scale_ptr, gate_words, word_cols, gate_scales, following)
         fence_async_shared()
-        gl.thread_barrier()
-        acc_gate = warpgroup_mma(x_even_s.index(stage), g_even_s.index(stage).permute((1, 0)), acc_gate, is_async=True)
-        acc_gate = warpgroup_mma(x_odd_s.index(stage), g_odd_s.index(stage).permute((1, 0)), acc_gate, is_async=True)
-        acc_up = warpgroup_mma(x_even_s.index(stage), u_even_s.index(stage).permute((1, 0)), acc_up, is_async=True)
-        acc_up = warpgroup_mma(x_odd_s.index(stage), u_odd_s.index(stage).permute((1, 0)), acc_up, is_async=True)
-        acc_gate, acc_up = warpgroup_mma_wait(num_outstanding=4, deps=(acc_gate, acc_up))  # step k's four may still run
-    acc_gate, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc_gate, acc_up))
+        gl.thread_barrier()  # every warp's part of the tile stored (and every warp past its step k-1 wait)
+        acc_gate = warpgroup_mma(gate_a, stage.permute((1, 0)), acc_gate, is_async=True)
+        up_a = _operand(up_w, up_scale, BLOCK_N, a_layout)  # while the gate's wgmmas run
+        up_w, up_scale = _load_weights(words_ptr, scale_ptr, up_words, word_cols, up_scales, following)
+        acc_up = warpgroup_mma(up_a, stage.permute((1, 0)), acc_up, is_async=True)
+        acc_gate, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc_gate, acc_up))
 
-    gate = acc_gate * (gl.load(scale_2_ptr + 2 * expert) * 16384.0)
-    up = acc_up * (gl.load(scale_2_ptr + 2 * expert + 1) * 16384.0)
+    gate = acc_gate * (gl.load(scale_2_ptr + 2 * expert) * 128.0)  # 2^7: see SCALE_SHIFT
+    up = acc_up * (gl.load(scale_2_ptr + 2 * expert + 1) * 128.0)
     act = gate / (1.0 + gl.exp(-gate)) * up
-    m_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-    n_o = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-    positions = first + m_o
-    out_ptrs = act_ptr + positions.to(gl.int64)[:, None] * I + n_o[None, :]
-    gl.store(out_ptrs, act.to(gl.bfloat16), mask=(positions < end)[:, None] & (n_o < I)[None, :])
+    n_o = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    positions = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout))
+    out_ptrs = act_ptr + positions.to(gl.int64)[None, :] * I + n_o[:, None]
+    gl.store(out_ptrs, act.to(gl.bfloat16), mask=(positions < end)[None, :] & (n_o < I)[:, None])
 
 
 @gluon.jit
 def moe_down_gluon_kernel(
-    act_words_ptr, order_ptr, weights_ptr, blocks_ptr, packed_ptr, scale_ptr, scale_2_ptr, pair_out_ptr,
+    act_ptr, order_ptr, weights_ptr, blocks_ptr, words_ptr, scale_ptr, scale_2_ptr, pair_out_ptr,
     MAX_BLOCKS,
     H: gl.constexpr, I_BYTES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """The down launch in the same two-stage form: grid (block-table blocks, cdiv(H, BLOCK_N)); act [pairs, I] bfloat16
-    in sorted order read as int32 words; writes pair_out[pair, H] float32 = the down products times the tensor scale and
-    the pair's routing weight (as `nvfp4_gemm._moe_down_kernel`). One accumulator: two wgmmas of K 32 per step."""
-    KB: gl.constexpr = 32
+    """The down launch in the same form: grid (block-table blocks, cdiv(H, BLOCK_N)); act [pairs, I] bfloat16 in sorted
+    order; writes pair_out[pair, H] float32 = the down products times the tensor scale and the pair's routing weight
+    (as `nvfp4_gemm._moe_down_kernel`)."""
+    STEPS: gl.constexpr = I_BYTES // STEP_BYTES
     expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
     if expert < 0:  # past the real block count
         return
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_N, BLOCK_M, num_warps)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    word_layout: gl.constexpr = gl.SliceLayout(2, _code_layout(BLOCK_N))
     x_layout: gl.constexpr = _x_layout(num_warps)
-    w_layout: gl.constexpr = _w_layout(num_warps)
-    acc_layout: gl.constexpr = _acc_layout(BLOCK_N, num_warps)
-    a_smem_layout: gl.constexpr = _tile_smem_layout(BLOCK_M)
-    b_smem_layout: gl.constexpr = _tile_smem_layout(BLOCK_N)
+
+    rows = expert.to(gl.int64) * H + gl.minimum(gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, word_layout)), H - 1)
+    word_cols = gl.arange(0, STEP_BYTES // 4, layout=gl.SliceLayout(0, word_layout))
+    row_words, row_scales = rows * (I_BYTES // 4), rows * (I_BYTES // 8)
 
     m_x = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
-    safe_x = gl.minimum(first + m_x, end - 1)
-    row_words = safe_x.to(gl.int64) * I_BYTES  # act row of sorted position p: I elements = I_BYTES words
-    word_cols = gl.arange(0, KB, layout=gl.SliceLayout(0, x_layout))
-    n_w = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout))
-    down_rows = expert.to(gl.int64) * H + gl.minimum(gl.program_id(1) * BLOCK_N + n_w, H - 1)
-    byte_cols = gl.arange(0, KB, layout=gl.SliceLayout(0, w_layout))
+    a_rows = gl.minimum(first + m_x, end - 1).to(gl.int64) * (2 * I_BYTES)  # act row of sorted position p: I elements
+    a_cols = gl.arange(0, 2 * STEP_BYTES, layout=gl.SliceLayout(0, x_layout))
+    a_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 2 * STEP_BYTES], _x_smem_layout(BLOCK_M))
 
-    a_even_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, KB], a_smem_layout)
-    a_odd_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, KB], a_smem_layout)
-    w_even_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, KB], b_smem_layout)
-    w_odd_s = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, KB], b_smem_layout)
-
-    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
-    for step in range(I_BYTES // KB):
-        byte0 = step * KB
-        stage = step % 2
-        ae, ao = _x_halves(act_words_ptr, row_words, word_cols, byte0)
-        we, wo = _weight_halves(packed_ptr, scale_ptr, down_rows, byte_cols, I_BYTES, byte0)
-        gl.thread_barrier()  # every warpgroup waited for its step k-2: stage s is free
-        a_even_s.index(stage).store(ae)
-        a_odd_s.index(stage).store(ao)
-        w_even_s.index(stage).store(we)
-        w_odd_s.index(stage).store(wo)
+    acc = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
+    weights, scale = _load_weights(words_ptr, scale_ptr, row_words, word_cols, row_scales, 0)
+    a = _load_x(act_ptr, a_rows, a_cols, 0)
+    for step in range(STEPS):
+        stage = a_smem.index(step % 2)
+        w = _operand(weights, scale, BLOCK_N, a_layout)
+        _stage(a, stage, BLOCK_M)
+        following = gl.minimum(step + 1, STEPS - 1)
+        weights, scale = _load_weights(words_ptr, scale_ptr, row_words, word_cols, row_scales, following)
+        a = _load_x(act_ptr, a_rows, a_cols, following)
         fence_async_shared()
         gl.thread_barrier()
-        acc = warpgroup_mma(a_even_s.index(stage), w_even_s.index(stage).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma(a_odd_s.index(stage), w_odd_s.index(stage).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc,))  # step k's two may still run
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = warpgroup_mma(w, stage.permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
 
-    m_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-    n_o = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-    positions = first + m_o
+    n_o = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    positions = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout))
     valid = positions < end
     pairs = gl.load(order_ptr + gl.minimum(positions, end - 1))  # flat index t * top_k + j
     routing = gl.load(weights_ptr + pairs)
-    y = acc * (gl.load(scale_2_ptr + expert) * 16384.0) * routing[:, None]
-    out_ptrs = pair_out_ptr + pairs.to(gl.int64)[:, None] * H + n_o[None, :]
-    gl.store(out_ptrs, y, mask=valid[:, None] & (n_o < H)[None, :])
+    y = acc * (gl.load(scale_2_ptr + expert) * 128.0) * routing[None, :]
+    out_ptrs = pair_out_ptr + pairs.to(gl.int64)[None, :] * H + n_o[:, None]
+    gl.store(out_ptrs, y, mask=valid[None, :] & (n_o < H)[:, None])

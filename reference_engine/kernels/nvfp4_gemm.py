@@ -197,13 +197,15 @@ def _small_m_plan(tokens: int, rows: int, k: int, block_kb: int, sm_count: int) 
 
 
 def _gluon_moe(a: torch.Tensor, p: GemmPlan, register: bool, k: int, switch: int) -> bool:
-    """Whether one of the experts' launches runs its Gluon kernel (`moe_prefill_gluon`): switched on (`p.gluon`, else
-    `switch`: `GLUON_GATE_UP` or `GLUON_DOWN`), its activation `a` [rows, k] bfloat16 on CUDA with rows of whole int32
-    words, not decode 2, 64-token blocks, 64 or 128 rows per program at 4 or 8 warps, k a multiple of 64."""
+    """Whether one of the experts' launches runs its Gluon kernel (`moe_prefill_gluon`, the decoded weights as wgmma's
+    register operand): switched on (`p.gluon`, else `switch`: `GLUON_GATE_UP` or `GLUON_DOWN`), its activation `a`
+    [rows, k] bfloat16 on CUDA with unit column stride and 16-byte aligned rows, not decode 2, 32- or 64-token blocks,
+    64 or 128 weight rows per program (`block_n`; the launch takes block_n / 16 warps, whatever `num_warps`), k a
+    multiple of 128."""
     return bool(
         (switch if p.gluon < 0 else p.gluon) and a.is_cuda and not interpreting() and a.dtype == torch.bfloat16 and not register
-        and p.block_m == 64 and p.block_n in (64, 128) and p.num_warps in (4, 8) and k % 64 == 0
-        and a.stride(1) == 1 and a.stride(0) % 2 == 0 and a.storage_offset() % 2 == 0
+        and p.block_m in (32, 64) and p.block_n in (64, 128) and k % 128 == 0
+        and a.stride(1) == 1 and a.stride(0) % 8 == 0 and a.storage_offset() % 8 == 0
     )
 
 
@@ -928,13 +930,13 @@ def nvfp4_moe_prefill(
     staged = interpreting() and x.dtype != torch.float32
     act = torch.empty((pairs, inter), dtype=torch.float32 if staged else x.dtype, device=x.device)  # [P, I] sorted order
     dot_kind = _dot_kind(x.dtype)
-    if _gluon_moe(x, plan_a, register, hidden, GLUON_GATE_UP):  # the two-stage Gluon kernel (not yet run on a GPU: off unless tuned on)
+    if _gluon_moe(x, plan_a, register, hidden, GLUON_GATE_UP):  # the weights as wgmma's register operand (off unless tuned on)
         from reference_engine.kernels.moe_prefill_gluon import moe_gate_up_gluon_kernel
 
         moe_gate_up_gluon_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
-            x.view(torch.int32), order, table, experts.gate_up_packed.contiguous(), experts.gate_up_scale.contiguous(),
-            experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0) // 2, I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
-            BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, num_warps=plan_a.num_warps,
+            x, order, table, experts.gate_up_packed.contiguous().view(torch.int32), experts.gate_up_scale.contiguous(),
+            experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
+            BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, num_warps=plan_a.block_n // 16,
         )
     else:
         _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
@@ -947,13 +949,13 @@ def nvfp4_moe_prefill(
     if staged:  # the interpreter truncates float32 -> bf16; torch rounds
         act = act.to(x.dtype)
     pair_out = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)  # [T*k, H]
-    if _gluon_moe(act, plan_b, register, inter, GLUON_DOWN):  # the two-stage Gluon kernel (not yet run on a GPU: off unless tuned on)
+    if _gluon_moe(act, plan_b, register, inter, GLUON_DOWN):  # the weights as wgmma's register operand (off unless tuned on)
         from reference_engine.kernels.moe_prefill_gluon import moe_down_gluon_kernel
 
         moe_down_gluon_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
-            act.view(torch.int32), order, topk_weights.contiguous(), table, experts.down_packed.contiguous(), experts.down_scale.contiguous(),
+            act, order, topk_weights.contiguous(), table, experts.down_packed.contiguous().view(torch.int32), experts.down_scale.contiguous(),
             experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2, BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n,
-            num_warps=plan_b.num_warps,
+            num_warps=plan_b.block_n // 16,
         )
     else:
         _moe_down_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
