@@ -99,14 +99,14 @@ def tile_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
 
 def gluon_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
     """`--gluon`: the committed plans, then the gate/up launch in Gluon (`kernels/moe_prefill_gluon.py`, the decoded
-    weights as wgmma's register operand) at token blocks 64 and 32 and 128 or 64 weight rows per program (8 or 4
-    warps), then both launches in Gluon (down: 128 rows). Labels: 'gluon <launches> block_m <m> rows <n>'."""
+    weights as wgmma's register operand) at token blocks 64 and 32 and 128 or 64 gate/up rows per program (8 or 4
+    warps), alone and with the down launch in Gluon (128 rows). Labels: 'gluon <launches> block_m <m> rows <n>'."""
     base_a, base_b = plan("moe_gate_up", tokens * TOP_K, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", tokens * TOP_K, HIDDEN, INTER, num_experts=EXPERTS)
     found = {"committed": (base_a, base_b)}
-    for block_m, rows in ((64, 128), (64, 64), (32, 128), (32, 64)):
-        found[f"gluon gate/up block_m {block_m} rows {rows}"] = (with_fields(base_a, gluon=1, block_m=block_m, block_n=rows), with_fields(base_b, block_m=block_m))
-    for block_m in (64, 32):
-        found[f"gluon both block_m {block_m} rows 128"] = (with_fields(base_a, gluon=1, block_m=block_m, block_n=128), with_fields(base_b, gluon=1, block_m=block_m, block_n=128))
+    for launches in ("gate/up", "both"):
+        for block_m, rows in ((64, 128), (64, 64), (32, 64)):
+            down = with_fields(base_b, block_m=block_m, block_n=128, gluon=int(launches == "both"))
+            found[f"gluon {launches} block_m {block_m} rows {rows}"] = (with_fields(base_a, gluon=1, block_m=block_m, block_n=rows), down)
     return found
 
 

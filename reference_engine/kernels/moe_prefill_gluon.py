@@ -7,37 +7,41 @@ shared-memory pipe is 73% busy and the warps stall on the CTA barrier between th
 form that kept the decoded tiles in two shared-memory stages ran correctly but slower (run46: 638.5 us against 473.4
 for the whole experts op at 1024 tokens). Here the weights are the wgmma's A operand in registers: weight rows are
 the MMA's M (64 per warpgroup), the tokens of one block-table block its N, and only the activation tile passes
-through shared memory (written once per K step by all warps, one CTA barrier per step, two stages).
+through shared memory, copied there by cp.async (three stages, two copies in flight).
 
-One K step is 128 elements: 64 packed bytes per weight row. Thread (warp w, lane 4g + c) loads the 16 bytes
-16c .. 16c + 15 of rows 16w + g and 16w + g + 8 with one 16-byte load each (`_byte_layout`), decodes them with
-`gl.fp4_to_fp` (low nibble first, as the packing) and multiplies by their two block scales in bfloat16 (an E2M1 value
-times an E4M3 scale has at most 5 significant bits: exact). wgmma's register fragment holds, in thread c, the K
-positions 2c, 2c + 1, 2c + 8, 2c + 9 of each 16-wide slice, so the decoded values enter it in a permuted K order:
-register position k' = 8i + 2c + e holds the element 32c + 2i + e of the step (i < 16, e < 2). That is a relabelling
-of registers, no data moves (`gl.convert_layout(..., assert_trivial=True)` checks it at compile time), and the
-activation tile is written to shared memory in the same permuted order (`_stage`), so every product pairs the right
-elements: the sums are over the same 128 products per step, in another order.
+One K step is 128 elements: 64 packed bytes, 16 int32 words, per weight row. Thread (warp w, lane 4g + c) loads words
+4c .. 4c + 3 of rows 16w + g and 16w + g + 8 with one 16-byte load each and decodes each word in PTX (`_decode_asm`:
+codes i and i + 4 into one bfloat16 pair, e2m1 * block scale * 2^-7, exact). wgmma's register fragment holds, in
+thread c, the K positions 2c, 2c + 1, 2c + 8, 2c + 9 of each 16-wide slice, so the decoded values enter it in a
+permuted K order: element 32c + 8wl + 4e0 + 2e2 + e1 of the step (word 4c + wl, code e1 + 2e2 + 4e0) sits at position
+32wl + 16e2 + 8e1 + 2c + e0. That is a relabelling of registers, no data moves (`gl.convert_layout(...,
+assert_trivial=True)` checks it at compile time). The activations are copied once into the same order
+(`permute_steps`; the gate/up launch writes its output that way when the down launch is Gluon too), so every product
+pairs the right elements: each step sums the same 128 products, in another order.
 
-Per K step: the next step's weight bytes, scales and activation rows are loaded into registers while this step's
-wgmmas run; the activation stage was last read two steps earlier, before the previous step's barrier.
+Per K step: wait for this step's activation copy and a CTA barrier, start the copy two steps ahead, decode the gate
+tile (the next step's words and scales load meanwhile), issue its wgmmas, decode the up tile while they run, issue
+its wgmmas, wait for both.
 
 Status: compiled for sm_90 offline (`tests/reference_engine/kernels/test_moe_prefill_gluon.py`); the GPU tests and
-timings are recorded in benchmarks/NOTES.md. Nothing calls these kernels unless a plan's `gluon` is 1 or
-`nvfp4_gemm.GLUON_GATE_UP` / `GLUON_DOWN` is set (tuning keys `moe_prefill_gluon`, `moe_prefill_gluon_down`).
+timings are in benchmarks/NOTES.md (run47: the first register-operand form, activations staged through registers,
+passed its CUDA tests). Nothing calls these kernels unless a plan's `gluon` is 1 or `nvfp4_gemm.GLUON_GATE_UP` /
+`GLUON_DOWN` is set (tuning keys `moe_prefill_gluon`, `moe_prefill_gluon_down`).
 """
 
 from __future__ import annotations
 
+import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 STEP_BYTES = gl.constexpr(64)  # packed bytes of a weight row per K step (128 elements)
+STAGES = gl.constexpr(3)  # activation tiles in shared memory: this step's and the two copies in flight
 
 
 @gluon.constexpr_function
@@ -126,17 +130,26 @@ def _operand(words, scale, ROWS: gl.constexpr, a_layout: gl.constexpr):
     return gl.convert_layout(permuted, a_layout, assert_trivial=True)
 
 
-@gluon.jit
-def _load_x(x_ptr, row_offsets, cols, step):
-    """One K step of the block's activation rows: [tokens, 128] bfloat16; row_offsets [tokens] int64 elements."""
-    return gl.load(x_ptr + row_offsets[:, None] + (step * 2 * STEP_BYTES + cols)[None, :])
+def permute_steps(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, K] (K a multiple of 128) with each 128-element K step in the operand's permuted order (module
+    docstring): element 32c + 8wl + 4e0 + 2e2 + e1 of a step moves to position 32wl + 16e2 + 8e1 + 2c + e0. One copy."""
+    rows, k = x.shape
+    return x.reshape(rows, k // 128, 4, 4, 2, 2, 2).permute(0, 1, 3, 5, 6, 2, 4).reshape(rows, k)
 
 
 @gluon.jit
-def _stage(x, smem, TOKENS: gl.constexpr):
-    """Store an activation tile to shared memory in the operand's permuted K order (element 32c + 8wl + 4e0 + 2e2 + e1
-    of the step at position 32wl + 16e2 + 8e1 + 2c + e0)."""
-    smem.store(x.reshape([TOKENS, 4, 4, 2, 2, 2]).permute((0, 2, 4, 5, 1, 3)).reshape([TOKENS, 2 * STEP_BYTES]))
+def _step_position(n):
+    """Column n (natural order) -> its position in `permute_steps` order."""
+    r = n % 128
+    return (n - r) + (((r >> 3) & 3) << 5) + (((r >> 1) & 1) << 4) + ((r & 1) << 3) + ((r >> 5) << 1) + ((r >> 2) & 1)
+
+
+@gluon.jit
+def _copy_x(x_ptr, row_offsets, cols, step, smem):
+    """Start the asynchronous copy of one K step of the block's activation rows ([tokens, 128] bfloat16, already in
+    `permute_steps` order; row_offsets [tokens] int64 elements) into a shared-memory stage, as one commit group."""
+    async_copy.async_copy_global_to_shared(smem, x_ptr + row_offsets[:, None] + (step * 2 * STEP_BYTES + cols)[None, :])
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -144,11 +157,12 @@ def moe_gate_up_gluon_kernel(
     x_ptr, order_ptr, blocks_ptr, words_ptr, scale_ptr, scale_2_ptr, act_ptr,
     MAX_BLOCKS, stride_x,
     I: gl.constexpr, H_BYTES: gl.constexpr, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    num_warps: gl.constexpr,
+    PERMUTED_ACT: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Grid (block-table blocks, cdiv(I, BLOCK_N)): act[p, n] (bfloat16, the pairs' sorted positions p, intermediate
-    columns n) = silu(gate) * up of the block's BLOCK_M tokens against BLOCK_N = 16 * num_warps gate rows and as many up
-    rows of its expert. x [T, H] bfloat16 with row stride stride_x."""
+    columns n; at `permute_steps` positions when PERMUTED_ACT, for the Gluon down launch) = silu(gate) * up of the
+    block's BLOCK_M tokens against BLOCK_N = 16 * num_warps gate rows and as many up rows of its expert. x [T, H]
+    bfloat16 in `permute_steps` order, row stride stride_x."""
     STEPS: gl.constexpr = H_BYTES // STEP_BYTES
     expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
     if expert < 0:  # past the real block count
@@ -165,37 +179,40 @@ def moe_gate_up_gluon_kernel(
     gate_scales, up_scales = gate_rows * (H_BYTES // 8), (gate_rows + I) * (H_BYTES // 8)
 
     m_x = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
-    tokens = gl.load(order_ptr + gl.minimum(first + m_x, end - 1)) // TOP_K  # clamped: unmasked loads
+    tokens = gl.load(order_ptr + gl.minimum(first + m_x, end - 1)) // TOP_K  # clamped: unmasked copies
     x_rows = tokens.to(gl.int64) * stride_x
     x_cols = gl.arange(0, 2 * STEP_BYTES, layout=gl.SliceLayout(0, x_layout))
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 2 * STEP_BYTES], _x_smem_layout(BLOCK_M))
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 2 * STEP_BYTES], _x_smem_layout(BLOCK_M))
+    for s in gl.static_range(STAGES - 1):
+        _copy_x(x_ptr, x_rows, x_cols, s, x_smem.index(s))
 
     acc_gate = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
     acc_up = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
     gate_w, gate_scale = _load_weights(words_ptr, scale_ptr, gate_words, word_cols, gate_scales, 0)
     up_w, up_scale = _load_weights(words_ptr, scale_ptr, up_words, word_cols, up_scales, 0)
-    x = _load_x(x_ptr, x_rows, x_cols, 0)
     for step in range(STEPS):
-        stage = x_smem.index(step % 2)
-        _stage(x, stage, BLOCK_M)
+        stage = x_smem.index(step % STAGES)
+        async_copy.wait_group(STAGES - 2)  # this thread's copies of this step have landed
+        gl.thread_barrier()  # everyone's have; every warp is past its previous step's wgmma wait
+        ahead = step + STAGES - 1  # into the stage the previous step read; clamped copies land in stages no step reads again
+        _copy_x(x_ptr, x_rows, x_cols, gl.minimum(ahead, STEPS - 1), x_smem.index(ahead % STAGES))
         following = gl.minimum(step + 1, STEPS - 1)  # the last step reloads itself: no masks
-        x = _load_x(x_ptr, x_rows, x_cols, following)
         gate_a = _operand(gate_w, gate_scale, BLOCK_N, a_layout)
         gate_w, gate_scale = _load_weights(words_ptr, scale_ptr, gate_words, word_cols, gate_scales, following)
-        fence_async_shared()
-        gl.thread_barrier()  # every warp's part of the tile stored (and every warp past its step k-1 wait)
         acc_gate = warpgroup_mma(gate_a, stage.permute((1, 0)), acc_gate, is_async=True)
         up_a = _operand(up_w, up_scale, BLOCK_N, a_layout)  # while the gate's wgmmas run
         up_w, up_scale = _load_weights(words_ptr, scale_ptr, up_words, word_cols, up_scales, following)
         acc_up = warpgroup_mma(up_a, stage.permute((1, 0)), acc_up, is_async=True)
         acc_gate, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc_gate, acc_up))
+    async_copy.wait_group(0)
 
     gate = acc_gate * (gl.load(scale_2_ptr + 2 * expert) * 128.0)  # 2^7: see SCALE_SHIFT
     up = acc_up * (gl.load(scale_2_ptr + 2 * expert + 1) * 128.0)
     act = gate / (1.0 + gl.exp(-gate)) * up
     n_o = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     positions = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout))
-    out_ptrs = act_ptr + positions.to(gl.int64)[None, :] * I + n_o[:, None]
+    columns = _step_position(n_o) if PERMUTED_ACT else n_o
+    out_ptrs = act_ptr + positions.to(gl.int64)[None, :] * I + columns[:, None]
     gl.store(out_ptrs, act.to(gl.bfloat16), mask=(positions < end)[None, :] & (n_o < I)[:, None])
 
 
@@ -206,8 +223,8 @@ def moe_down_gluon_kernel(
     H: gl.constexpr, I_BYTES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The down launch in the same form: grid (block-table blocks, cdiv(H, BLOCK_N)); act [pairs, I] bfloat16 in sorted
-    order; writes pair_out[pair, H] float32 = the down products times the tensor scale and the pair's routing weight
-    (as `nvfp4_gemm._moe_down_kernel`)."""
+    order and `permute_steps` order (the gate/up launch with PERMUTED_ACT); writes pair_out[pair, H] float32 = the down
+    products times the tensor scale and the pair's routing weight (as `nvfp4_gemm._moe_down_kernel`)."""
     STEPS: gl.constexpr = I_BYTES // STEP_BYTES
     expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
     if expert < 0:  # past the real block count
@@ -224,22 +241,23 @@ def moe_down_gluon_kernel(
     m_x = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
     a_rows = gl.minimum(first + m_x, end - 1).to(gl.int64) * (2 * I_BYTES)  # act row of sorted position p: I elements
     a_cols = gl.arange(0, 2 * STEP_BYTES, layout=gl.SliceLayout(0, x_layout))
-    a_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_M, 2 * STEP_BYTES], _x_smem_layout(BLOCK_M))
+    a_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 2 * STEP_BYTES], _x_smem_layout(BLOCK_M))
+    for s in gl.static_range(STAGES - 1):
+        _copy_x(act_ptr, a_rows, a_cols, s, a_smem.index(s))
 
     acc = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
     weights, scale = _load_weights(words_ptr, scale_ptr, row_words, word_cols, row_scales, 0)
-    a = _load_x(act_ptr, a_rows, a_cols, 0)
     for step in range(STEPS):
-        stage = a_smem.index(step % 2)
-        w = _operand(weights, scale, BLOCK_N, a_layout)
-        _stage(a, stage, BLOCK_M)
-        following = gl.minimum(step + 1, STEPS - 1)
-        weights, scale = _load_weights(words_ptr, scale_ptr, row_words, word_cols, row_scales, following)
-        a = _load_x(act_ptr, a_rows, a_cols, following)
-        fence_async_shared()
+        stage = a_smem.index(step % STAGES)
+        async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
+        ahead = step + STAGES - 1
+        _copy_x(act_ptr, a_rows, a_cols, gl.minimum(ahead, STEPS - 1), a_smem.index(ahead % STAGES))
+        w = _operand(weights, scale, BLOCK_N, a_layout)
+        weights, scale = _load_weights(words_ptr, scale_ptr, row_words, word_cols, row_scales, gl.minimum(step + 1, STEPS - 1))
         acc = warpgroup_mma(w, stage.permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    async_copy.wait_group(0)
 
     n_o = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     positions = first + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout))

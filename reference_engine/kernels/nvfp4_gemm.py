@@ -930,13 +930,18 @@ def nvfp4_moe_prefill(
     staged = interpreting() and x.dtype != torch.float32
     act = torch.empty((pairs, inter), dtype=torch.float32 if staged else x.dtype, device=x.device)  # [P, I] sorted order
     dot_kind = _dot_kind(x.dtype)
-    if _gluon_moe(x, plan_a, register, hidden, GLUON_GATE_UP):  # the weights as wgmma's register operand (off unless tuned on)
-        from reference_engine.kernels.moe_prefill_gluon import moe_gate_up_gluon_kernel
+    gluon_a, gluon_b = _gluon_moe(x, plan_a, register, hidden, GLUON_GATE_UP), _gluon_moe(act, plan_b, register, inter, GLUON_DOWN)
+    if gluon_a:  # the weights as wgmma's register operand (off unless tuned on)
+        from reference_engine.kernels.moe_prefill_gluon import (
+            moe_gate_up_gluon_kernel,
+            permute_steps,
+        )
 
+        x_steps = permute_steps(x)  # the operand's K order within each 128-element step (one copy of x)
         moe_gate_up_gluon_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
-            x, order, table, experts.gate_up_packed.contiguous().view(torch.int32), experts.gate_up_scale.contiguous(),
-            experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
-            BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, num_warps=plan_a.block_n // 16,
+            x_steps, order, table, experts.gate_up_packed.contiguous().view(torch.int32), experts.gate_up_scale.contiguous(),
+            experts.gate_up_scale_2.contiguous(), act, blocks, x_steps.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
+            BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, PERMUTED_ACT=int(gluon_b), num_warps=plan_a.block_n // 16,
         )
     else:
         _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
@@ -949,9 +954,13 @@ def nvfp4_moe_prefill(
     if staged:  # the interpreter truncates float32 -> bf16; torch rounds
         act = act.to(x.dtype)
     pair_out = torch.empty((pairs, hidden), dtype=torch.float32, device=x.device)  # [T*k, H]
-    if _gluon_moe(act, plan_b, register, inter, GLUON_DOWN):  # the weights as wgmma's register operand (off unless tuned on)
-        from reference_engine.kernels.moe_prefill_gluon import moe_down_gluon_kernel
+    if gluon_b:  # the weights as wgmma's register operand (off unless tuned on)
+        from reference_engine.kernels.moe_prefill_gluon import (
+            moe_down_gluon_kernel,
+            permute_steps,
+        )
 
+        act = act if gluon_a else permute_steps(act)  # the Gluon gate/up launch wrote it in step order already
         moe_down_gluon_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
             act, order, topk_weights.contiguous(), table, experts.down_packed.contiguous().view(torch.int32), experts.down_scale.contiguous(),
             experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2, BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n,

@@ -4,8 +4,9 @@ register operand.
 Gluon has no interpreter, so on the CPU both kernels are compiled for sm_90 ahead of time (Triton's bundled ptxas) at
 the tiles `nvfp4_gemm._gluon_moe` accepts. The compile itself checks that the decoded codes reach wgmma's register
 fragment with no data movement (`convert_layout(..., assert_trivial=True)`); the report checks no register spills, no
-shared-memory loads (the weights never pass through shared memory), 16-byte weight and activation loads, eight
-`wgmma.mma_async` of K 16 per 128-element step and weight tile (gate/up: two tiles), and the loop's two CTA barriers.
+shared-memory loads or stores (the weights never pass through shared memory; the activation tiles arrive by 16-byte
+cp.async, three stages), 16-byte weight loads and eight `wgmma.mma_async` of K 16 per 128-element step and weight tile
+(gate/up: two tiles).
 `_gluon_moe` must keep every CPU and interpreter path on the Triton kernels. CUDA: the whole experts op with the Gluon
 gate/up launch, and with both Gluon launches, against the Triton launches at the real layer (1024 tokens) and at a
 ragged 37 tokens, outputs NaN-poisoned first.
@@ -33,7 +34,7 @@ configs = []
 for tokens in (32, 64):
     for rows in (64, 128):
         tile = {"BLOCK_M": tokens, "BLOCK_N": rows, "num_warps": rows // 16}
-        configs.append((f"gate_up {tokens}x{rows}", g.moe_gate_up_gluon_kernel, gate_up, {"I": 512, "H_BYTES": 1024, "TOP_K": 8} | tile))
+        configs.append((f"gate_up {tokens}x{rows}", g.moe_gate_up_gluon_kernel, gate_up, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "PERMUTED_ACT": 1} | tile))
         configs.append((f"down {tokens}x{rows}", g.moe_down_gluon_kernel, down, {"H": 2048, "I_BYTES": 256} | tile))
 report = {}
 for name, kernel, sig, consts in configs:
@@ -48,8 +49,8 @@ for name, kernel, sig, consts in configs:
     info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", handle.name, "-o", os.devnull], capture_output=True, text=True, check=True).stderr
     os.unlink(handle.name)
     report[name] = {"spill_bytes": int(re.search(r"(\d+) bytes spill stores", info).group(1)), "wgmma": ptx.count("wgmma.mma_async"),
-                    "barriers": ptx.count("bar.sync"), "shared_loads": ptx.count("ld.shared"), "wide_loads": ptx.count("ld.global.v4"),
-                    "shared": compiled.metadata.shared}
+                    "shared_loads": ptx.count("ld.shared"), "shared_stores": ptx.count("st.shared"), "wide_loads": ptx.count("ld.global.v4"),
+                    "async_copies": ptx.count("cp.async.cg.shared.global"), "shared": compiled.metadata.shared}
 print("JSON" + json.dumps(report))
 '''
 
@@ -66,12 +67,22 @@ def test_gluon_kernels_compile_for_sm90_without_spills():
         assert info["spill_bytes"] == 0, (name, info)
         assert info["shared_loads"] == 0, (name, info)  # wgmma reads the weights from registers, the activations by descriptor
         assert info["wgmma"] == 8 * weight_tiles, (name, info)  # one 128-element K step: eight K-16 instructions per weight tile
-        assert info["barriers"] == 2, (name, info)  # the stage's stores visible to wgmma; Triton's own before the next store
-        # 16-byte loads: each weight tile's two rows per thread (prologue and loop), and the activation tile
-        weight_loads = 2 * 2 * weight_tiles
-        x_loads = 2 * tokens * 128 * 2 // (16 * 32 * rows // 16)
-        assert info["wide_loads"] == weight_loads + x_loads, (name, info)
-        assert info["shared"] == 2 * tokens * 128 * 2, (name, info)  # 2 stages of the activation tile, bfloat16
+        assert info["shared_stores"] == 0, (name, info)  # the activation tiles arrive by cp.async
+        assert info["wide_loads"] == 2 * 2 * weight_tiles, (name, info)  # 16-byte loads: each weight tile's two rows per thread, prologue and loop
+        threads = 32 * rows // 16
+        assert info["async_copies"] == 3 * tokens * 128 * 2 // (16 * threads), (name, info)  # 16-byte copies: two stages ahead, then one per step
+        assert info["shared"] == 3 * tokens * 128 * 2, (name, info)  # 3 stages of the activation tile, bfloat16
+
+
+def test_permute_steps_moves_each_element_to_its_operand_position():
+    from reference_engine.kernels.moe_prefill_gluon import permute_steps
+
+    x = torch.randn(3, 256)
+    moved = permute_steps(x)
+    for natural in range(256):
+        step, r = divmod(natural, 128)
+        c, wl, e0, e2, e1 = r >> 5, (r >> 3) & 3, (r >> 2) & 1, (r >> 1) & 1, r & 1
+        assert torch.equal(moved[:, 128 * step + 32 * wl + 16 * e2 + 8 * e1 + 2 * c + e0], x[:, natural])
 
 
 def test_cpu_and_interpreter_paths_never_take_the_gluon_kernels():
