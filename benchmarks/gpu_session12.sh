@@ -3,7 +3,7 @@
 # their CUDA tests against the Triton launches, `kernels/time_moe_prefill.py --gluon` (gate/up alone and with the down
 # launch, three tiles each; the tuning file changes only for a 2% gain and only if the tests passed), Nsight Compute on
 # the experts' launches with the resulting tuning (stall reasons, issue and DRAM use), then the full bench.
-# Usage: NAME=run48 COMMIT=<sha> bash benchmarks/gpu_session12.sh      (writes under $OUT; BENCH=0: no bench)
+# Usage: NAME=run49 COMMIT=<sha> bash benchmarks/gpu_session12.sh      (writes under $OUT; BENCH=0: no bench)
 set -u
 OUT="${OUT:-/tmp/session12-out}"; NAME="${NAME:-session12}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1

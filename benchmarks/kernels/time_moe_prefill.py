@@ -100,13 +100,18 @@ def tile_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
 def gluon_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
     """`--gluon`: the committed plans, then the gate/up launch in Gluon (`kernels/moe_prefill_gluon.py`, the decoded
     weights as wgmma's register operand) at token blocks 64 and 32 and 128 or 64 gate/up rows per program (8 or 4
-    warps), alone and with the down launch in Gluon (128 rows). Labels: 'gluon <launches> block_m <m> rows <n>'."""
+    warps), alone and with the down launch in Gluon (128 rows), with three shared-memory stages (the plans' num_stages),
+    then both launches with four. Labels: 'gluon <launches> block_m <m> rows <n>[ stages 4]' (only the three-stage
+    ones can go into the tuning file)."""
     base_a, base_b = plan("moe_gate_up", tokens * TOP_K, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", tokens * TOP_K, HIDDEN, INTER, num_experts=EXPERTS)
     found = {"committed": (base_a, base_b)}
     for launches in ("gate/up", "both"):
         for block_m, rows in ((64, 128), (64, 64), (32, 64)):
             down = with_fields(base_b, block_m=block_m, block_n=128, gluon=int(launches == "both"))
             found[f"gluon {launches} block_m {block_m} rows {rows}"] = (with_fields(base_a, gluon=1, block_m=block_m, block_n=rows), down)
+    for block_m in (64, 32):  # four shared-memory stages (three steps ahead): measured, not a tuning key
+        found[f"gluon both block_m {block_m} rows 64 stages 4"] = (with_fields(base_a, gluon=1, block_m=block_m, block_n=64, num_stages=4),
+                                                                  with_fields(base_b, gluon=1, block_m=block_m, block_n=128, num_stages=4))  # fmt: skip
     return found
 
 
@@ -198,7 +203,8 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tiles: bool =
     del experts
     if gluon:  # `moe_prefill_gluon` (with its token block and rows) into the tuning file when at least 2% faster
         Path(path).write_text(json.dumps({"records": records, "moe_1024": moe}, indent=1))
-        pick = min((label for label in moe if label != "committed" and moe[label] == moe[label]), key=moe.get, default=None)
+        tunable = [label for label in moe if label.startswith("gluon") and len(label.split()) == 6 and moe[label] == moe[label]]
+        pick = min(tunable, key=moe.get, default=None)
         print(f"moe at 1024 tokens: committed {moe['committed']:.1f} us, best Gluon {pick!r} {moe.get(pick, float('nan')):.1f} us", flush=True)
         if tuning_in and tuning_out:
             tuning = json.loads(Path(tuning_in).read_text())

@@ -6,8 +6,10 @@ Why (benchmarks/NOTES.md, run35 and run39): the plain-Triton launches (`nvfp4_ge
 shared-memory pipe is 73% busy and the warps stall on the CTA barrier between the store and the wgmma. A first Gluon
 form that kept the decoded tiles in two shared-memory stages ran correctly but slower (run46: 638.5 us against 473.4
 for the whole experts op at 1024 tokens). Here the weights are the wgmma's A operand in registers: weight rows are
-the MMA's M (64 per warpgroup), the tokens of one block-table block its N, and only the activation tile passes
-through shared memory, copied there by cp.async (three stages, two copies in flight).
+the MMA's M (64 per warpgroup), the tokens of one block-table block its N. Every K step's activation tile, packed
+weight words and block scales arrive in shared memory by cp.async (`STAGES` stages, STAGES - 1 steps in flight); each
+thread reads back the packed words it copied (0.5 bytes per weight, where the Triton launches store and reload 2
+bytes of decoded tile, and wgmma reads them once more).
 
 One K step is 128 elements: 64 packed bytes, 16 int32 words, per weight row. Thread (warp w, lane 4g + c) loads words
 4c .. 4c + 3 of rows 16w + g and 16w + g + 8 with one 16-byte load each and decodes each word in PTX (`_decode_asm`:
@@ -19,13 +21,12 @@ assert_trivial=True)` checks it at compile time). The activations are copied onc
 (`permute_steps`; the gate/up launch writes its output that way when the down launch is Gluon too), so every product
 pairs the right elements: each step sums the same 128 products, in another order.
 
-Per K step: wait for this step's activation copy and a CTA barrier, start the copy two steps ahead, decode the gate
-tile (the next step's words and scales load meanwhile), issue its wgmmas, decode the up tile while they run, issue
-its wgmmas, wait for both.
+Per K step: wait for this step's copies and a CTA barrier, start the copies STAGES - 1 steps ahead, read back and
+decode the gate tile, issue its wgmmas, decode the up tile while they run, issue its wgmmas, wait for both.
 
 Status: compiled for sm_90 offline (`tests/reference_engine/kernels/test_moe_prefill_gluon.py`); the GPU tests and
-timings are in benchmarks/NOTES.md (run47: the first register-operand form, activations staged through registers,
-passed its CUDA tests). Nothing calls these kernels unless a plan's `gluon` is 1 or `nvfp4_gemm.GLUON_GATE_UP` /
+timings are in benchmarks/NOTES.md (run47: weights loaded to registers, activations staged through registers; run48:
+activations by cp.async; this form, weights by cp.async too, from run49). Nothing calls these kernels unless a plan's `gluon` is 1 or `nvfp4_gemm.GLUON_GATE_UP` /
 `GLUON_DOWN` is set (tuning keys `moe_prefill_gluon`, `moe_prefill_gluon_down`).
 """
 
@@ -41,7 +42,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 STEP_BYTES = gl.constexpr(64)  # packed bytes of a weight row per K step (128 elements)
-STAGES = gl.constexpr(3)  # activation tiles in shared memory: this step's and the two copies in flight
 
 
 @gluon.constexpr_function
@@ -59,6 +59,29 @@ def _code_layout(rows):
         lane_bases=[[0, 4, 0], [0, 8, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
         warp_bases=_warp_rows(3, rows), block_bases=[], shape=[rows, 16, 8],
     )
+
+
+@gluon.constexpr_function
+def _scale_layout(rows):
+    """[rows, 8, 2]: its [rows, 8] slice holds, in thread (w, 4g + c), the block scales 2c and 2c + 1 of one K step of
+    rows 16w + g and 16w + g + 8 (the scales of that thread's words 4c .. 4c + 3); the last dimension repeats them, one
+    per word."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [0, 1, 0], [8, 0, 0]], lane_bases=[[0, 2, 0], [0, 4, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=_warp_rows(3, rows), block_bases=[], shape=[rows, 8, 2],
+    )
+
+
+@gluon.constexpr_function
+def _scale_copy_layout(num_warps):
+    """[rows, 2] int32 (a row's 8 block scales of one K step): one 4-byte copy per thread, 16 rows per warp."""
+    return gl.BlockedLayout([1, 1], [16, 2], [num_warps, 1], [1, 0])
+
+
+@gluon.constexpr_function
+def _plain_smem_layout():
+    """Unswizzled [rows, columns] (per stage): each thread copies in and reads back its own 16 weight bytes per row."""
+    return gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
 
 
 @gluon.constexpr_function
@@ -103,12 +126,20 @@ SCALE_SHIFT = gl.constexpr(2.0**119)  # block scales times 2^119 in the decode, 
 
 
 @gluon.jit
-def _load_weights(words_ptr, scale_ptr, row_words, word_cols, row_scales, step):
-    """One K step of the weight rows: int32 words [rows, 16] and each word's E4M3 block scale [rows, 16] (both
-    `SliceLayout(2, _code_layout)`); row_words / row_scales: each row's first word / scale offset (int64)."""
-    words = gl.load(words_ptr + row_words[:, None] + (step * (STEP_BYTES // 4) + word_cols)[None, :])
-    scale = gl.load(scale_ptr + row_scales[:, None] + (step * (STEP_BYTES // 8) + word_cols // 2)[None, :])
-    return words, scale
+def _copy_rows(smem, base_ptr, row_offsets, cols, step_offset):
+    """Start the asynchronous copy of base_ptr[row_offsets[r] + step_offset + cols[c]] into smem [rows, cols]."""
+    async_copy.async_copy_global_to_shared(smem, base_ptr + row_offsets[:, None] + (step_offset + cols)[None, :])
+
+
+@gluon.jit
+def _staged_weights(words_smem, scale_bytes, ROWS: gl.constexpr):
+    """One stage's weight words [ROWS, 16] int32 and each word's E4M3 block scale [ROWS, 16], both in
+    `SliceLayout(2, _code_layout)`; the thread reads back the 16 bytes per row it copied."""
+    word_layout: gl.constexpr = gl.SliceLayout(2, _code_layout(ROWS))
+    words = words_smem.load(word_layout)
+    blocks = scale_bytes.load(gl.SliceLayout(2, _scale_layout(ROWS)))  # [ROWS, 8] uint8
+    per_word = gl.broadcast(blocks[:, :, None], gl.full([1, 1, 2], 0, gl.uint8, _scale_layout(ROWS)))[0].reshape([ROWS, 16])
+    return words, gl.convert_layout(per_word, word_layout, assert_trivial=True).to(gl.float8e4nv, bitcast=True)
 
 
 @gluon.jit
@@ -145,64 +176,78 @@ def _step_position(n):
 
 
 @gluon.jit
-def _copy_x(x_ptr, row_offsets, cols, step, smem):
-    """Start the asynchronous copy of one K step of the block's activation rows ([tokens, 128] bfloat16, already in
-    `permute_steps` order; row_offsets [tokens] int64 elements) into a shared-memory stage, as one commit group."""
-    async_copy.async_copy_global_to_shared(smem, x_ptr + row_offsets[:, None] + (step * 2 * STEP_BYTES + cols)[None, :])
-    async_copy.commit_group()
-
-
-@gluon.jit
 def moe_gate_up_gluon_kernel(
-    x_ptr, order_ptr, blocks_ptr, words_ptr, scale_ptr, scale_2_ptr, act_ptr,
+    x_ptr, order_ptr, blocks_ptr, words_ptr, scale_words_ptr, scale_2_ptr, act_ptr,
     MAX_BLOCKS, stride_x,
     I: gl.constexpr, H_BYTES: gl.constexpr, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    PERMUTED_ACT: gl.constexpr, num_warps: gl.constexpr,
+    PERMUTED_ACT: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Grid (block-table blocks, cdiv(I, BLOCK_N)): act[p, n] (bfloat16, the pairs' sorted positions p, intermediate
     columns n; at `permute_steps` positions when PERMUTED_ACT, for the Gluon down launch) = silu(gate) * up of the
     block's BLOCK_M tokens against BLOCK_N = 16 * num_warps gate rows and as many up rows of its expert. x [T, H]
-    bfloat16 in `permute_steps` order, row stride stride_x."""
+    bfloat16 in `permute_steps` order, row stride stride_x; the packed weights and their block scales as int32 words.
+    Every K step's activation tile, weight words and scales arrive by cp.async, STAGES - 1 steps ahead."""
     STEPS: gl.constexpr = H_BYTES // STEP_BYTES
+    WORDS: gl.constexpr = STEP_BYTES // 4  # weight words per row and step
     expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
     if expert < 0:  # past the real block count
         return
     acc_layout: gl.constexpr = _acc_layout(BLOCK_N, BLOCK_M, num_warps)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     word_layout: gl.constexpr = gl.SliceLayout(2, _code_layout(BLOCK_N))
+    pair_layout: gl.constexpr = _scale_copy_layout(num_warps)
     x_layout: gl.constexpr = _x_layout(num_warps)
+    plain: gl.constexpr = _plain_smem_layout()
 
     cols = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, word_layout))
     gate_rows = expert.to(gl.int64) * (2 * I) + gl.minimum(cols, I - 1)
-    word_cols = gl.arange(0, STEP_BYTES // 4, layout=gl.SliceLayout(0, word_layout))
+    word_cols = gl.arange(0, WORDS, layout=gl.SliceLayout(0, word_layout))
     gate_words, up_words = gate_rows * (H_BYTES // 4), (gate_rows + I) * (H_BYTES // 4)
-    gate_scales, up_scales = gate_rows * (H_BYTES // 8), (gate_rows + I) * (H_BYTES // 8)
+    cols_s = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pair_layout))
+    gate_rows_s = expert.to(gl.int64) * (2 * I) + gl.minimum(cols_s, I - 1)
+    pair_cols = gl.arange(0, 2, layout=gl.SliceLayout(0, pair_layout))
+    gate_scales, up_scales = gate_rows_s * (H_BYTES // 32), (gate_rows_s + I) * (H_BYTES // 32)  # int32 words of scales
 
     m_x = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
     tokens = gl.load(order_ptr + gl.minimum(first + m_x, end - 1)) // TOP_K  # clamped: unmasked copies
     x_rows = tokens.to(gl.int64) * stride_x
     x_cols = gl.arange(0, 2 * STEP_BYTES, layout=gl.SliceLayout(0, x_layout))
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 2 * STEP_BYTES], _x_smem_layout(BLOCK_M))
-    for s in gl.static_range(STAGES - 1):
-        _copy_x(x_ptr, x_rows, x_cols, s, x_smem.index(s))
+    gate_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, WORDS], plain)
+    up_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, WORDS], plain)
+    gate_s_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 2], plain)
+    up_s_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 2], plain)
+    gate_s_bytes = gate_s_smem._reinterpret(gl.uint8, [STAGES, BLOCK_N, 8], plain)
+    up_s_bytes = up_s_smem._reinterpret(gl.uint8, [STAGES, BLOCK_N, 8], plain)
+
+    for s in gl.static_range(STAGES - 1):  # steps 0 .. STAGES - 2, one commit group each
+        _copy_rows(x_smem.index(s), x_ptr, x_rows, x_cols, s * 2 * STEP_BYTES)
+        _copy_rows(gate_smem.index(s), words_ptr, gate_words, word_cols, s * WORDS)
+        _copy_rows(up_smem.index(s), words_ptr, up_words, word_cols, s * WORDS)
+        _copy_rows(gate_s_smem.index(s), scale_words_ptr, gate_scales, pair_cols, s * 2)
+        _copy_rows(up_s_smem.index(s), scale_words_ptr, up_scales, pair_cols, s * 2)
+        async_copy.commit_group()
 
     acc_gate = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
     acc_up = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
-    gate_w, gate_scale = _load_weights(words_ptr, scale_ptr, gate_words, word_cols, gate_scales, 0)
-    up_w, up_scale = _load_weights(words_ptr, scale_ptr, up_words, word_cols, up_scales, 0)
     for step in range(STEPS):
-        stage = x_smem.index(step % STAGES)
+        stage = step % STAGES
         async_copy.wait_group(STAGES - 2)  # this thread's copies of this step have landed
-        gl.thread_barrier()  # everyone's have; every warp is past its previous step's wgmma wait
-        ahead = step + STAGES - 1  # into the stage the previous step read; clamped copies land in stages no step reads again
-        _copy_x(x_ptr, x_rows, x_cols, gl.minimum(ahead, STEPS - 1), x_smem.index(ahead % STAGES))
-        following = gl.minimum(step + 1, STEPS - 1)  # the last step reloads itself: no masks
-        gate_a = _operand(gate_w, gate_scale, BLOCK_N, a_layout)
-        gate_w, gate_scale = _load_weights(words_ptr, scale_ptr, gate_words, word_cols, gate_scales, following)
-        acc_gate = warpgroup_mma(gate_a, stage.permute((1, 0)), acc_gate, is_async=True)
-        up_a = _operand(up_w, up_scale, BLOCK_N, a_layout)  # while the gate's wgmmas run
-        up_w, up_scale = _load_weights(words_ptr, scale_ptr, up_words, word_cols, up_scales, following)
-        acc_up = warpgroup_mma(up_a, stage.permute((1, 0)), acc_up, is_async=True)
+        gl.thread_barrier()  # everyone's have; every warp is past its previous step (reads and wgmma wait)
+        ahead = gl.minimum(step + STAGES - 1, STEPS - 1)  # clamped copies land in stages no step reads again
+        into = (step + STAGES - 1) % STAGES  # the stage the previous step read
+        _copy_rows(x_smem.index(into), x_ptr, x_rows, x_cols, ahead * 2 * STEP_BYTES)
+        _copy_rows(gate_smem.index(into), words_ptr, gate_words, word_cols, ahead * WORDS)
+        _copy_rows(up_smem.index(into), words_ptr, up_words, word_cols, ahead * WORDS)
+        _copy_rows(gate_s_smem.index(into), scale_words_ptr, gate_scales, pair_cols, ahead * 2)
+        _copy_rows(up_s_smem.index(into), scale_words_ptr, up_scales, pair_cols, ahead * 2)
+        async_copy.commit_group()
+        words, scale = _staged_weights(gate_smem.index(stage), gate_s_bytes.index(stage), BLOCK_N)
+        gate_a = _operand(words, scale, BLOCK_N, a_layout)
+        acc_gate = warpgroup_mma(gate_a, x_smem.index(stage).permute((1, 0)), acc_gate, is_async=True)
+        words, scale = _staged_weights(up_smem.index(stage), up_s_bytes.index(stage), BLOCK_N)
+        up_a = _operand(words, scale, BLOCK_N, a_layout)  # while the gate's wgmmas run
+        acc_up = warpgroup_mma(up_a, x_smem.index(stage).permute((1, 0)), acc_up, is_async=True)
         acc_gate, acc_up = warpgroup_mma_wait(num_outstanding=0, deps=(acc_gate, acc_up))
     async_copy.wait_group(0)
 
@@ -218,44 +263,59 @@ def moe_gate_up_gluon_kernel(
 
 @gluon.jit
 def moe_down_gluon_kernel(
-    act_ptr, order_ptr, weights_ptr, blocks_ptr, words_ptr, scale_ptr, scale_2_ptr, pair_out_ptr,
+    act_ptr, order_ptr, weights_ptr, blocks_ptr, words_ptr, scale_words_ptr, scale_2_ptr, pair_out_ptr,
     MAX_BLOCKS,
-    H: gl.constexpr, I_BYTES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, num_warps: gl.constexpr,
+    H: gl.constexpr, I_BYTES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """The down launch in the same form: grid (block-table blocks, cdiv(H, BLOCK_N)); act [pairs, I] bfloat16 in sorted
     order and `permute_steps` order (the gate/up launch with PERMUTED_ACT); writes pair_out[pair, H] float32 = the down
     products times the tensor scale and the pair's routing weight (as `nvfp4_gemm._moe_down_kernel`)."""
     STEPS: gl.constexpr = I_BYTES // STEP_BYTES
+    WORDS: gl.constexpr = STEP_BYTES // 4
     expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
     if expert < 0:  # past the real block count
         return
     acc_layout: gl.constexpr = _acc_layout(BLOCK_N, BLOCK_M, num_warps)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     word_layout: gl.constexpr = gl.SliceLayout(2, _code_layout(BLOCK_N))
+    pair_layout: gl.constexpr = _scale_copy_layout(num_warps)
     x_layout: gl.constexpr = _x_layout(num_warps)
+    plain: gl.constexpr = _plain_smem_layout()
 
-    rows = expert.to(gl.int64) * H + gl.minimum(gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, word_layout)), H - 1)
-    word_cols = gl.arange(0, STEP_BYTES // 4, layout=gl.SliceLayout(0, word_layout))
-    row_words, row_scales = rows * (I_BYTES // 4), rows * (I_BYTES // 8)
+    first_row = expert.to(gl.int64) * H + gl.program_id(1) * BLOCK_N
+    rows = first_row + gl.minimum(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, word_layout)), H - 1 - gl.program_id(1) * BLOCK_N)
+    rows_s = first_row + gl.minimum(gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, pair_layout)), H - 1 - gl.program_id(1) * BLOCK_N)
+    word_cols = gl.arange(0, WORDS, layout=gl.SliceLayout(0, word_layout))
+    pair_cols = gl.arange(0, 2, layout=gl.SliceLayout(0, pair_layout))
+    row_words, row_scales = rows * (I_BYTES // 4), rows_s * (I_BYTES // 32)
 
     m_x = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_layout))
     a_rows = gl.minimum(first + m_x, end - 1).to(gl.int64) * (2 * I_BYTES)  # act row of sorted position p: I elements
     a_cols = gl.arange(0, 2 * STEP_BYTES, layout=gl.SliceLayout(0, x_layout))
     a_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, 2 * STEP_BYTES], _x_smem_layout(BLOCK_M))
+    w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, WORDS], plain)
+    s_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 2], plain)
+    s_bytes = s_smem._reinterpret(gl.uint8, [STAGES, BLOCK_N, 8], plain)
     for s in gl.static_range(STAGES - 1):
-        _copy_x(act_ptr, a_rows, a_cols, s, a_smem.index(s))
+        _copy_rows(a_smem.index(s), act_ptr, a_rows, a_cols, s * 2 * STEP_BYTES)
+        _copy_rows(w_smem.index(s), words_ptr, row_words, word_cols, s * WORDS)
+        _copy_rows(s_smem.index(s), scale_words_ptr, row_scales, pair_cols, s * 2)
+        async_copy.commit_group()
 
     acc = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
-    weights, scale = _load_weights(words_ptr, scale_ptr, row_words, word_cols, row_scales, 0)
     for step in range(STEPS):
-        stage = a_smem.index(step % STAGES)
+        stage = step % STAGES
         async_copy.wait_group(STAGES - 2)
         gl.thread_barrier()
-        ahead = step + STAGES - 1
-        _copy_x(act_ptr, a_rows, a_cols, gl.minimum(ahead, STEPS - 1), a_smem.index(ahead % STAGES))
-        w = _operand(weights, scale, BLOCK_N, a_layout)
-        weights, scale = _load_weights(words_ptr, scale_ptr, row_words, word_cols, row_scales, gl.minimum(step + 1, STEPS - 1))
-        acc = warpgroup_mma(w, stage.permute((1, 0)), acc, is_async=True)
+        ahead = gl.minimum(step + STAGES - 1, STEPS - 1)
+        into = (step + STAGES - 1) % STAGES
+        _copy_rows(a_smem.index(into), act_ptr, a_rows, a_cols, ahead * 2 * STEP_BYTES)
+        _copy_rows(w_smem.index(into), words_ptr, row_words, word_cols, ahead * WORDS)
+        _copy_rows(s_smem.index(into), scale_words_ptr, row_scales, pair_cols, ahead * 2)
+        async_copy.commit_group()
+        words, scale = _staged_weights(w_smem.index(stage), s_bytes.index(stage), BLOCK_N)
+        acc = warpgroup_mma(_operand(words, scale, BLOCK_N, a_layout), a_smem.index(stage).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     async_copy.wait_group(0)
 

@@ -200,8 +200,8 @@ def _gluon_moe(a: torch.Tensor, p: GemmPlan, register: bool, k: int, switch: int
     """Whether one of the experts' launches runs its Gluon kernel (`moe_prefill_gluon`, the decoded weights as wgmma's
     register operand): switched on (`p.gluon`, else `switch`: `GLUON_GATE_UP` or `GLUON_DOWN`), its activation `a`
     [rows, k] bfloat16 on CUDA with unit column stride and 16-byte aligned rows, not decode 2, 32- or 64-token blocks,
-    64 or 128 weight rows per program (`block_n`; the launch takes block_n / 16 warps, whatever `num_warps`), k a
-    multiple of 128."""
+    64 or 128 weight rows per program (`block_n`; the launch takes block_n / 16 warps, whatever `num_warps`, and
+    `num_stages` (at least 2) shared-memory stages), k a multiple of 128."""
     return bool(
         (switch if p.gluon < 0 else p.gluon) and a.is_cuda and not interpreting() and a.dtype == torch.bfloat16 and not register
         and p.block_m in (32, 64) and p.block_n in (64, 128) and k % 128 == 0
@@ -939,9 +939,9 @@ def nvfp4_moe_prefill(
 
         x_steps = permute_steps(x)  # the operand's K order within each 128-element step (one copy of x)
         moe_gate_up_gluon_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
-            x_steps, order, table, experts.gate_up_packed.contiguous().view(torch.int32), experts.gate_up_scale.contiguous(),
+            x_steps, order, table, experts.gate_up_packed.contiguous().view(torch.int32), experts.gate_up_scale.contiguous().view(torch.int32),
             experts.gate_up_scale_2.contiguous(), act, blocks, x_steps.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
-            BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, PERMUTED_ACT=int(gluon_b), num_warps=plan_a.block_n // 16,
+            BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, PERMUTED_ACT=int(gluon_b), STAGES=max(plan_a.num_stages, 2), num_warps=plan_a.block_n // 16,
         )
     else:
         _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
@@ -962,9 +962,9 @@ def nvfp4_moe_prefill(
 
         act = act if gluon_a else permute_steps(act)  # the Gluon gate/up launch wrote it in step order already
         moe_down_gluon_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
-            act, order, topk_weights.contiguous(), table, experts.down_packed.contiguous().view(torch.int32), experts.down_scale.contiguous(),
-            experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2, BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n,
-            num_warps=plan_b.block_n // 16,
+            act, order, topk_weights.contiguous(), table, experts.down_packed.contiguous().view(torch.int32),
+            experts.down_scale.contiguous().view(torch.int32), experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
+            BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, STAGES=max(plan_b.num_stages, 2), num_warps=plan_b.block_n // 16,
         )
     else:
         _moe_down_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](

@@ -4,9 +4,10 @@ register operand.
 Gluon has no interpreter, so on the CPU both kernels are compiled for sm_90 ahead of time (Triton's bundled ptxas) at
 the tiles `nvfp4_gemm._gluon_moe` accepts. The compile itself checks that the decoded codes reach wgmma's register
 fragment with no data movement (`convert_layout(..., assert_trivial=True)`); the report checks no register spills, no
-shared-memory loads or stores (the weights never pass through shared memory; the activation tiles arrive by 16-byte
-cp.async, three stages), 16-byte weight loads and eight `wgmma.mma_async` of K 16 per 128-element step and weight tile
-(gate/up: two tiles).
+shared-memory stores (every tile arrives by cp.async, three stages: the activation tile and the packed weight words by
+16-byte copies, the block scales by 4-byte copies), two 16-byte shared loads of packed words (and their scales) per
+thread, step and weight tile, no decoded tile in shared memory, and eight `wgmma.mma_async` of K 16 per 128-element step
+and weight tile (gate/up: two tiles).
 `_gluon_moe` must keep every CPU and interpreter path on the Triton kernels. CUDA: the whole experts op with the Gluon
 gate/up launch, and with both Gluon launches, against the Triton launches at the real layer (1024 tokens) and at a
 ragged 37 tokens, outputs NaN-poisoned first.
@@ -27,13 +28,13 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from reference_engine.kernels import moe_prefill_gluon as g
 
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-common = {"order_ptr": "*i32", "blocks_ptr": "*i32", "words_ptr": "*i32", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "MAX_BLOCKS": "i32"}
+common = {"order_ptr": "*i32", "blocks_ptr": "*i32", "words_ptr": "*i32", "scale_words_ptr": "*i32", "scale_2_ptr": "*fp32", "MAX_BLOCKS": "i32"}
 gate_up = common | {"x_ptr": "*bf16", "act_ptr": "*bf16", "stride_x": "i32"}
 down = common | {"act_ptr": "*bf16", "weights_ptr": "*fp32", "pair_out_ptr": "*fp32"}
 configs = []
 for tokens in (32, 64):
     for rows in (64, 128):
-        tile = {"BLOCK_M": tokens, "BLOCK_N": rows, "num_warps": rows // 16}
+        tile = {"BLOCK_M": tokens, "BLOCK_N": rows, "STAGES": 3, "num_warps": rows // 16}
         configs.append((f"gate_up {tokens}x{rows}", g.moe_gate_up_gluon_kernel, gate_up, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "PERMUTED_ACT": 1} | tile))
         configs.append((f"down {tokens}x{rows}", g.moe_down_gluon_kernel, down, {"H": 2048, "I_BYTES": 256} | tile))
 report = {}
@@ -50,7 +51,8 @@ for name, kernel, sig, consts in configs:
     os.unlink(handle.name)
     report[name] = {"spill_bytes": int(re.search(r"(\d+) bytes spill stores", info).group(1)), "wgmma": ptx.count("wgmma.mma_async"),
                     "shared_loads": ptx.count("ld.shared"), "shared_stores": ptx.count("st.shared"), "wide_loads": ptx.count("ld.global.v4"),
-                    "async_copies": ptx.count("cp.async.cg.shared.global"), "shared": compiled.metadata.shared}
+                    "copies_16": len(re.findall(r"cp\.async\.cg\.shared\.global[^;]*, 0x10;", ptx)),
+                    "copies_4": len(re.findall(r"cp\.async\.ca\.shared\.global[^;]*, 0x4;", ptx)), "shared": compiled.metadata.shared}
 print("JSON" + json.dumps(report))
 '''
 
@@ -65,13 +67,17 @@ def test_gluon_kernels_compile_for_sm90_without_spills():
         tokens, rows = (int(v) for v in tile.split("x"))
         weight_tiles = 2 if kind == "gate_up" else 1  # gate and up, or down
         assert info["spill_bytes"] == 0, (name, info)
-        assert info["shared_loads"] == 0, (name, info)  # wgmma reads the weights from registers, the activations by descriptor
+        # the weights pass through shared memory as packed words only: each thread reads back its own two rows' words
+        # (one 16-byte load each) and their scales per weight tile; no decoded tile is stored
+        assert info["shared_stores"] == 0, (name, info)  # every tile arrives by cp.async
+        assert info["shared_loads"] == 4 * weight_tiles, (name, info)
+        assert info["wide_loads"] == 0, (name, info)
         assert info["wgmma"] == 8 * weight_tiles, (name, info)  # one 128-element K step: eight K-16 instructions per weight tile
-        assert info["shared_stores"] == 0, (name, info)  # the activation tiles arrive by cp.async
-        assert info["wide_loads"] == 2 * 2 * weight_tiles, (name, info)  # 16-byte loads: each weight tile's two rows per thread, prologue and loop
         threads = 32 * rows // 16
-        assert info["async_copies"] == 3 * tokens * 128 * 2 // (16 * threads), (name, info)  # 16-byte copies: two stages ahead, then one per step
-        assert info["shared"] == 3 * tokens * 128 * 2, (name, info)  # 3 stages of the activation tile, bfloat16
+        per_step = tokens * 128 * 2 // (16 * threads) + 2 * weight_tiles  # activation tile, then two weight rows per tile
+        assert info["copies_16"] == 3 * per_step, (name, info)  # 3 stages: two steps ahead, then one step per iteration
+        assert info["copies_4"] == 3 * weight_tiles, (name, info)  # a row's 8 block scales per step: one 4-byte copy per thread
+        assert info["shared"] == 3 * (tokens * 128 * 2 + weight_tiles * rows * (64 + 8)), (name, info)
 
 
 def test_permute_steps_moves_each_element_to_its_operand_position():
