@@ -100,18 +100,18 @@ def tile_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
 def gluon_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
     """`--gluon`: the committed plans, then the gate/up launch in Gluon (`kernels/moe_prefill_gluon.py`, the decoded
     weights as wgmma's register operand) at token blocks 64 and 32 and 128 or 64 gate/up rows per program (8 or 4
-    warps), alone and with the down launch in Gluon (128 rows), with three shared-memory stages (the plans' num_stages),
-    then both launches with four. Labels: 'gluon <launches> block_m <m> rows <n>[ stages 4]' (only the three-stage
-    ones can go into the tuning file)."""
+    warps), alone and with the down launch in Gluon (128 rows), then both launches with a register cap (run49 timed four
+    shared-memory stages: 390.6 against 378.7 us with three). Labels: 'gluon <launches> block_m <m> rows <n>[ registers
+    <cap>]'."""
     base_a, base_b = plan("moe_gate_up", tokens * TOP_K, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", tokens * TOP_K, HIDDEN, INTER, num_experts=EXPERTS)
     found = {"committed": (base_a, base_b)}
     for launches in ("gate/up", "both"):
         for block_m, rows in ((64, 128), (64, 64), (32, 64)):
             down = with_fields(base_b, block_m=block_m, block_n=128, gluon=int(launches == "both"))
             found[f"gluon {launches} block_m {block_m} rows {rows}"] = (with_fields(base_a, gluon=1, block_m=block_m, block_n=rows), down)
-    for block_m in (64, 32):  # four shared-memory stages (three steps ahead): measured, not a tuning key
-        found[f"gluon both block_m {block_m} rows 64 stages 4"] = (with_fields(base_a, gluon=1, block_m=block_m, block_n=64, num_stages=4),
-                                                                  with_fields(base_b, gluon=1, block_m=block_m, block_n=128, num_stages=4))  # fmt: skip
+    for cap in (168, 160):  # three 4-warp gate/up programs per SM fit under 170 registers (run49: 171, two fit)
+        found[f"gluon both block_m 64 rows 64 registers {cap}"] = (with_fields(base_a, gluon=1, block_m=64, block_n=64, max_registers=cap),
+                                                                  with_fields(base_b, gluon=1, block_m=64, block_n=128, max_registers=cap))  # fmt: skip
     return found
 
 
@@ -203,18 +203,18 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tiles: bool =
     del experts
     if gluon:  # `moe_prefill_gluon` (with its token block and rows) into the tuning file when at least 2% faster
         Path(path).write_text(json.dumps({"records": records, "moe_1024": moe}, indent=1))
-        tunable = [label for label in moe if label.startswith("gluon") and len(label.split()) == 6 and moe[label] == moe[label]]
-        pick = min(tunable, key=moe.get, default=None)
+        pick = min((label for label in moe if label.startswith("gluon") and moe[label] == moe[label]), key=moe.get, default=None)
         print(f"moe at 1024 tokens: committed {moe['committed']:.1f} us, best Gluon {pick!r} {moe.get(pick, float('nan')):.1f} us", flush=True)
         if tuning_in and tuning_out:
             tuning = json.loads(Path(tuning_in).read_text())
             if pick is not None and moe[pick] <= GAIN * moe["committed"]:
-                _, launches, _, block_m, _, rows = pick.split()
+                _, launches, _, block_m, _, rows, *cap = pick.split()
                 tuning |= {"moe_prefill_gluon": 1, "moe_prefill_gate_up_block_n": int(rows), "moe_prefill_block_m_max": int(block_m)}
+                tuning["moe_prefill_gluon_max_registers"] = int(cap[-1]) if cap else 0
                 if launches == "both":
                     tuning["moe_prefill_gluon_down"] = 1
             Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
-            keys = ("moe_prefill_gluon", "moe_prefill_gluon_down", "moe_prefill_gate_up_block_n", "moe_prefill_block_m_max")
+            keys = ("moe_prefill_gluon", "moe_prefill_gluon_down", "moe_prefill_gate_up_block_n", "moe_prefill_block_m_max", "moe_prefill_gluon_max_registers")
             print("tuning:", {key: tuning.get(key) for key in keys}, flush=True)
         return
     if tiles:  # decode 2 at the best tiles into the tuning file when it is at least 2% faster

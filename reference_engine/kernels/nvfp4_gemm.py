@@ -62,8 +62,9 @@ Options the tuning file switches (each measured on the H200, `benchmarks/NOTES.m
 - decode 2 (`DECODE_MOE`): the experts' GEMMs decode straight into wgmma's register operand (`_register_products`;
   run36: 2.4 to 4.9 times slower, off).
 - `gluon` (`GLUON_GATE_UP`, `GLUON_DOWN`): the experts' gate/up and down launches as the Gluon kernels of
-  `moe_prefill_gluon` (two decoded-tile stages: step k+1's decode overlaps step k's async wgmma). Compiled for sm_90
-  offline only; not yet run on a GPU, off.
+  `moe_prefill_gluon` (the decoded weights as wgmma's register operand; `max_registers` / `GLUON_MAX_REGISTERS` caps
+  their registers). run49: the whole experts op at 1024 tokens 378.7 us with both (64 tokens, 64 gate/up rows) against
+  475.8 for the Triton launches at the session's start; on in the H200 tuning file.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class GemmPlan:
     swap: int = -1  # 1: the weight tile is the dot's first operand (`_mma`); -1: the module's `SWAP_*`
     fused: int = -1  # routed experts' gate/up launch: 1 one dot over interleaved gate and up rows; -1: the module's `FUSE_GATE_UP`
     gluon: int = -1  # routed experts' launch of this plan: 1 its Gluon kernel where it applies (`_gluon_moe`); -1: the module's `GLUON_GATE_UP` / `GLUON_DOWN`
+    max_registers: int = -1  # that Gluon launch's register cap (ptxas maxnreg; 0 none); -1: the module's `GLUON_MAX_REGISTERS`
 
 
 DECODE = 0  # the weight decode of every plan that does not name one (the tuning file may set 1)
@@ -172,6 +174,13 @@ def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DE
 DECODE_MOE = -1  # 2: the routed experts' prefill GEMMs decode into the register operand (`_register_products`); -1: `DECODE`
 GLUON_GATE_UP = 0  # 1: the routed experts' gate/up launch runs `moe_prefill_gluon` where it applies (`_gluon_moe`; not yet run on a GPU)
 GLUON_DOWN = 0  # the same for their down launch
+GLUON_MAX_REGISTERS = 0  # both Gluon launches' register cap (ptxas maxnreg), 0: none
+
+
+def _register_cap(p: GemmPlan) -> dict:
+    """The launch option capping a Gluon launch's registers per thread, if any (`max_registers`, else `GLUON_MAX_REGISTERS`)."""
+    cap = GLUON_MAX_REGISTERS if p.max_registers < 0 else p.max_registers
+    return {"maxnreg": cap} if cap > 0 else {}
 MOE_BLOCK_M_MAX = 64  # the routed experts' largest token block (16, 32 or 64; the tuning file may lower it)
 MOE_GATE_UP_BLOCK_N = 64  # gate rows (and as many up rows) per program of the routed experts' first launch (64 or 128)
 SMALL_M_TOKENS = 64  # up to this many tokens a linear gets `_small_m_plan`
@@ -942,6 +951,7 @@ def nvfp4_moe_prefill(
             x_steps, order, table, experts.gate_up_packed.contiguous().view(torch.int32), experts.gate_up_scale.contiguous().view(torch.int32),
             experts.gate_up_scale_2.contiguous(), act, blocks, x_steps.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
             BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, PERMUTED_ACT=int(gluon_b), STAGES=max(plan_a.num_stages, 2), num_warps=plan_a.block_n // 16,
+            **_register_cap(plan_a),
         )
     else:
         _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
@@ -965,6 +975,7 @@ def nvfp4_moe_prefill(
             act, order, topk_weights.contiguous(), table, experts.down_packed.contiguous().view(torch.int32),
             experts.down_scale.contiguous().view(torch.int32), experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
             BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, STAGES=max(plan_b.num_stages, 2), num_warps=plan_b.block_n // 16,
+            **_register_cap(plan_b),
         )
     else:
         _moe_down_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](

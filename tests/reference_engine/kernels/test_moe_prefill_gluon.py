@@ -109,9 +109,9 @@ def real_experts():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(("block_m", "rows", "down"), [(64, 128, False), (64, 64, False), (32, 128, False), (64, 128, True), (32, 64, True)])
+@pytest.mark.parametrize(("block_m", "rows", "down", "cap"), [(64, 128, False, 0), (64, 64, False, 0), (32, 128, False, 0), (64, 128, True, 0), (32, 64, True, 0), (64, 64, True, 168)])
 @pytest.mark.parametrize("tokens", [1024, 37])
-def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, block_m, rows, down, real_experts):
+def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, block_m, rows, down, cap, real_experts):
     from real_moe_layer import EXPERTS, HIDDEN, INTER, TOP_K
 
     from reference_engine.kernels import nvfp4_gemm
@@ -122,7 +122,8 @@ def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, block_m, rows,
     weights = torch.softmax(torch.randn(tokens, TOP_K, generator=generator), dim=1).cuda()
     outs = []
     for gluon in (0, 1):
-        plans = (nvfp4_gemm.GemmPlan(block_m, rows, 32, 8, 3, gluon=gluon), nvfp4_gemm.GemmPlan(block_m, rows if down else 128, 32, 8, 3, gluon=gluon if down else 0))
+        plans = (nvfp4_gemm.GemmPlan(block_m, rows, 32, 8, 3, gluon=gluon, max_registers=cap),
+                 nvfp4_gemm.GemmPlan(block_m, 128, 32, 8, 3, gluon=gluon if down else 0, max_registers=cap))  # fmt: skip
         assert nvfp4_gemm._gluon_moe(x, plans[0], False, HIDDEN, 0) == bool(gluon)
         act_like = torch.empty(8, INTER, dtype=torch.bfloat16, device="cuda")
         assert nvfp4_gemm._gluon_moe(act_like, plans[1], False, INTER, 0) == bool(gluon and down)
