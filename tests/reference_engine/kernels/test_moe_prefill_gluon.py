@@ -9,8 +9,9 @@ shared-memory stores (every tile arrives by cp.async, three stages: the activati
 thread, step and weight tile, no decoded tile in shared memory, and eight `wgmma.mma_async` of K 16 per 128-element step
 and weight tile (gate/up: two tiles).
 `_gluon_moe` must keep every CPU and interpreter path on the Triton kernels. CUDA: the whole experts op with the Gluon
-gate/up launch, and with both Gluon launches, against the Triton launches at the real layer (1024 tokens) and at a
-ragged 37 tokens, outputs NaN-poisoned first.
+gate/up launch, with both Gluon launches (one with a register cap) and with the Gluon down launch alone, against the
+Triton launches at the real layer (1024 tokens) and at a ragged 37 tokens, outputs NaN-poisoned first; known wrong: the
+gate's tensor scale times 4, and the activations left in natural K order, must both miss by far.
 """
 
 from __future__ import annotations
@@ -108,10 +109,17 @@ def real_experts():
     return cuda_experts(EXPERTS, HIDDEN, INTER, torch.Generator().manual_seed(0))
 
 
+LAUNCHES = [  # (block_m, gate/up rows, Gluon gate/up, Gluon down, register cap)
+    (64, 128, True, False, 0), (64, 64, True, False, 0), (32, 128, True, False, 0), (64, 128, True, True, 0), (32, 64, True, True, 0),
+    (64, 64, True, True, 168),
+    (64, 64, False, True, 0),  # Triton gate/up, Gluon down: the host puts act in step order
+]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize(("block_m", "rows", "down", "cap"), [(64, 128, False, 0), (64, 64, False, 0), (32, 128, False, 0), (64, 128, True, 0), (32, 64, True, 0), (64, 64, True, 168)])
+@pytest.mark.parametrize(("block_m", "rows", "gate_up", "down", "cap"), LAUNCHES)
 @pytest.mark.parametrize("tokens", [1024, 37])
-def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, block_m, rows, down, cap, real_experts):
+def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, block_m, rows, gate_up, down, cap, real_experts, monkeypatch):
     from real_moe_layer import EXPERTS, HIDDEN, INTER, TOP_K
 
     from reference_engine.kernels import nvfp4_gemm
@@ -122,9 +130,9 @@ def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, block_m, rows,
     weights = torch.softmax(torch.randn(tokens, TOP_K, generator=generator), dim=1).cuda()
     outs = []
     for gluon in (0, 1):
-        plans = (nvfp4_gemm.GemmPlan(block_m, rows, 32, 8, 3, gluon=gluon, max_registers=cap),
+        plans = (nvfp4_gemm.GemmPlan(block_m, rows, 32, 8, 3, gluon=gluon if gate_up else 0, max_registers=cap),
                  nvfp4_gemm.GemmPlan(block_m, 128, 32, 8, 3, gluon=gluon if down else 0, max_registers=cap))  # fmt: skip
-        assert nvfp4_gemm._gluon_moe(x, plans[0], False, HIDDEN, 0) == bool(gluon)
+        assert nvfp4_gemm._gluon_moe(x, plans[0], False, HIDDEN, 0) == bool(gluon and gate_up)
         act_like = torch.empty(8, INTER, dtype=torch.bfloat16, device="cuda")
         assert nvfp4_gemm._gluon_moe(act_like, plans[1], False, INTER, 0) == bool(gluon and down)
         out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -138,3 +146,11 @@ def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, block_m, rows,
     wrong = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
     nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, dataclasses.replace(real_experts, gate_up_scale_2=scaled.contiguous()), wrong, plans=plans)
     assert float((wrong.double() - outs[0].double()).norm() / outs[0].double().norm()) > 5e-2
+    # Known wrong: activations left in natural K order (no `permute_steps`) pair the decoded weights with the wrong
+    # elements and must miss by far too.
+    from reference_engine.kernels import moe_prefill_gluon
+
+    monkeypatch.setattr(moe_prefill_gluon, "permute_steps", lambda t: t.contiguous())
+    unpermuted = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
+    nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, real_experts, unpermuted, plans=plans)
+    assert float((unpermuted.double() - outs[0].double()).norm() / outs[0].double().norm()) > 5e-2
