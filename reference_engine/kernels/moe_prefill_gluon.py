@@ -132,6 +132,21 @@ def _copy_rows(smem, base_ptr, row_offsets, cols, step_offset):
 
 
 @gluon.jit
+def _copy_weights(words_smem, words_ptr, row_words, word_cols, scale_smem, scale_words_ptr, row_scales, pair_cols, step):
+    """Start copying K step `step` of a weight tile: its packed words (16 int32 a row) and block scales (2 int32 a row)."""
+    _copy_rows(words_smem, words_ptr, row_words, word_cols, step * (STEP_BYTES // 4))
+    _copy_rows(scale_smem, scale_words_ptr, row_scales, pair_cols, step * 2)
+
+
+@gluon.jit
+def _copy_step(x_smem, x_ptr, x_rows, x_cols, words_smem, words_ptr, row_words, word_cols, scale_smem, scale_words_ptr, row_scales,
+               pair_cols, step):  # fmt: skip
+    """Start copying K step `step` of the activation tile and of one weight tile (the caller commits the group)."""
+    _copy_rows(x_smem, x_ptr, x_rows, x_cols, step * 2 * STEP_BYTES)
+    _copy_weights(words_smem, words_ptr, row_words, word_cols, scale_smem, scale_words_ptr, row_scales, pair_cols, step)
+
+
+@gluon.jit
 def _staged_weights(words_smem, scale_bytes, ROWS: gl.constexpr):
     """One stage's weight words [ROWS, 16] int32 and each word's E4M3 block scale [ROWS, 16], both in
     `SliceLayout(2, _code_layout)`; the thread reads back the 16 bytes per row it copied."""
@@ -221,11 +236,9 @@ def moe_gate_up_gluon_kernel(
     up_s_bytes = up_s_smem._reinterpret(gl.uint8, [STAGES, BLOCK_N, 8], plain)
 
     for s in gl.static_range(STAGES - 1):  # steps 0 .. STAGES - 2, one commit group each
-        _copy_rows(x_smem.index(s), x_ptr, x_rows, x_cols, s * 2 * STEP_BYTES)
-        _copy_rows(gate_smem.index(s), words_ptr, gate_words, word_cols, s * WORDS)
-        _copy_rows(up_smem.index(s), words_ptr, up_words, word_cols, s * WORDS)
-        _copy_rows(gate_s_smem.index(s), scale_words_ptr, gate_scales, pair_cols, s * 2)
-        _copy_rows(up_s_smem.index(s), scale_words_ptr, up_scales, pair_cols, s * 2)
+        _copy_step(x_smem.index(s), x_ptr, x_rows, x_cols, gate_smem.index(s), words_ptr, gate_words, word_cols,
+                   gate_s_smem.index(s), scale_words_ptr, gate_scales, pair_cols, s)  # fmt: skip
+        _copy_weights(up_smem.index(s), words_ptr, up_words, word_cols, up_s_smem.index(s), scale_words_ptr, up_scales, pair_cols, s)
         async_copy.commit_group()
 
     acc_gate = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
@@ -236,11 +249,9 @@ def moe_gate_up_gluon_kernel(
         gl.thread_barrier()  # everyone's have; every warp is past its previous step (reads and wgmma wait)
         ahead = gl.minimum(step + STAGES - 1, STEPS - 1)  # clamped copies land in stages no step reads again
         into = (step + STAGES - 1) % STAGES  # the stage the previous step read
-        _copy_rows(x_smem.index(into), x_ptr, x_rows, x_cols, ahead * 2 * STEP_BYTES)
-        _copy_rows(gate_smem.index(into), words_ptr, gate_words, word_cols, ahead * WORDS)
-        _copy_rows(up_smem.index(into), words_ptr, up_words, word_cols, ahead * WORDS)
-        _copy_rows(gate_s_smem.index(into), scale_words_ptr, gate_scales, pair_cols, ahead * 2)
-        _copy_rows(up_s_smem.index(into), scale_words_ptr, up_scales, pair_cols, ahead * 2)
+        _copy_step(x_smem.index(into), x_ptr, x_rows, x_cols, gate_smem.index(into), words_ptr, gate_words, word_cols,
+                   gate_s_smem.index(into), scale_words_ptr, gate_scales, pair_cols, ahead)  # fmt: skip
+        _copy_weights(up_smem.index(into), words_ptr, up_words, word_cols, up_s_smem.index(into), scale_words_ptr, up_scales, pair_cols, ahead)
         async_copy.commit_group()
         words, scale = _staged_weights(gate_smem.index(stage), gate_s_bytes.index(stage), BLOCK_N)
         gate_a = _operand(words, scale, BLOCK_N, a_layout)
@@ -298,9 +309,8 @@ def moe_down_gluon_kernel(
     s_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 2], plain)
     s_bytes = s_smem._reinterpret(gl.uint8, [STAGES, BLOCK_N, 8], plain)
     for s in gl.static_range(STAGES - 1):
-        _copy_rows(a_smem.index(s), act_ptr, a_rows, a_cols, s * 2 * STEP_BYTES)
-        _copy_rows(w_smem.index(s), words_ptr, row_words, word_cols, s * WORDS)
-        _copy_rows(s_smem.index(s), scale_words_ptr, row_scales, pair_cols, s * 2)
+        _copy_step(a_smem.index(s), act_ptr, a_rows, a_cols, w_smem.index(s), words_ptr, row_words, word_cols, s_smem.index(s),
+                   scale_words_ptr, row_scales, pair_cols, s)  # fmt: skip
         async_copy.commit_group()
 
     acc = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
@@ -310,9 +320,8 @@ def moe_down_gluon_kernel(
         gl.thread_barrier()
         ahead = gl.minimum(step + STAGES - 1, STEPS - 1)
         into = (step + STAGES - 1) % STAGES
-        _copy_rows(a_smem.index(into), act_ptr, a_rows, a_cols, ahead * 2 * STEP_BYTES)
-        _copy_rows(w_smem.index(into), words_ptr, row_words, word_cols, ahead * WORDS)
-        _copy_rows(s_smem.index(into), scale_words_ptr, row_scales, pair_cols, ahead * 2)
+        _copy_step(a_smem.index(into), act_ptr, a_rows, a_cols, w_smem.index(into), words_ptr, row_words, word_cols,
+                   s_smem.index(into), scale_words_ptr, row_scales, pair_cols, ahead)  # fmt: skip
         async_copy.commit_group()
         words, scale = _staged_weights(w_smem.index(stage), s_bytes.index(stage), BLOCK_N)
         acc = warpgroup_mma(_operand(words, scale, BLOCK_N, a_layout), a_smem.index(stage).permute((1, 0)), acc, is_async=True)
