@@ -8,6 +8,8 @@ shared-memory stores (every tile arrives by cp.async, three stages: the activati
 16-byte copies, the block scales by 4-byte copies), two 16-byte shared loads of packed words (and their scales) per
 thread, step and weight tile, no decoded tile in shared memory, and eight `wgmma.mma_async` of K 16 per 128-element step
 and weight tile (gate/up: two tiles).
+The decode's PTX (`_decode_asm`) runs through a small reference interpreter of its six instructions over every pair of
+codes at every position and every positive E4M3 scale: exact, and two known-wrong edits of it are caught.
 `_gluon_moe` must keep every CPU and interpreter path on the Triton kernels. CUDA: the whole experts op with the Gluon
 gate/up launch, with both Gluon launches (one with a register cap) and with the Gluon down launch alone, against the
 Triton launches at the real layer (1024 tokens) and at a ragged 37 tokens, outputs NaN-poisoned first; known wrong: the
@@ -17,7 +19,9 @@ gate's tensor scale times 4, and the activations left in natural K order, must b
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,6 +83,96 @@ def test_gluon_kernels_compile_for_sm90_without_spills():
         assert info["copies_16"] == 3 * per_step, (name, info)  # 3 stages: two steps ahead, then one step per iteration
         assert info["copies_4"] == 3 * weight_tiles, (name, info)  # a row's 8 block scales per step: one 4-byte copy per thread
         assert info["shared"] == 3 * (tokens * 128 * 2 + weight_tiles * rows * (64 + 8)), (name, info)
+
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def _bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float64 -> bfloat16 bits (round to nearest even), as uint32."""
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint32)
+
+
+def _bf16_values(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def run_ptx(asm: str, operands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A reference interpreter for the instructions `moe_prefill_gluon._decode_asm` uses (b32 shifts and logic,
+    cvt.rn.bf16x2.f32, mul.rn.bf16x2), over uint32 arrays: the PTX's arithmetic checked on the CPU, where Gluon has no
+    interpreter."""
+    regs = dict(operands)
+
+    def value(token):
+        token = token.strip()
+        if token in regs:
+            return regs[token]
+        return np.uint32(int(token, 16) if token.lower().startswith("0x") else int(token))
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        dst, *src = [a.strip() for a in args.split(",")]
+        a, b = value(src[0]), value(src[1])
+        if op == "shl.b32":
+            out = (a.astype(np.uint64) << np.uint64(b)).astype(np.uint32)
+        elif op == "shr.b32":
+            out = a >> np.uint32(b)
+        elif op == "and.b32":
+            out = a & b
+        elif op == "or.b32":
+            out = a | b
+        elif op == "cvt.rn.bf16x2.f32":  # d = {bf16(a) high, bf16(b) low}
+            out = (_bf16_bits(a.view(np.float32)) << 16) | _bf16_bits(b.view(np.float32))
+        elif op == "mul.rn.bf16x2":  # each half: the exact float product, rounded to bfloat16
+            low = _bf16_bits(_bf16_values(a & 0xFFFF) * _bf16_values(b & 0xFFFF))
+            high = _bf16_bits(_bf16_values(a >> 16) * _bf16_values(b >> 16))
+            out = (high << 16) | low
+        else:
+            raise ValueError(f"instruction {op!r} not modelled")
+        regs[dst] = np.asarray(out, dtype=np.uint32)
+    return regs
+
+
+def _decode_mismatches(asm: str) -> int:
+    """Run a decode asm over words that hold every pair of codes at every position (random codes elsewhere), against
+    every finite positive E4M3 block scale; count the outputs that are not e2m1 * scale * 2^-7 exactly (the epilogue
+    multiplies by 2^7)."""
+    from reference_engine.kernels.moe_prefill_gluon import SCALE_SHIFT
+
+    rng = np.random.default_rng(0)
+    words = []
+    for i in range(4):
+        for low, high in itertools.product(range(16), repeat=2):
+            word = int(rng.integers(0, 2**32))
+            word &= ~((0xF << (4 * i)) | (0xF << (4 * i + 16)))
+            words.append(word | (low << (4 * i)) | (high << (4 * i + 16)))
+    scales = torch.arange(1, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy().astype(np.float64)
+    word_grid, scale_grid = np.meshgrid(np.array(words, dtype=np.uint32), scales, indexing="ij")
+    shifted = (scale_grid * SCALE_SHIFT.value).astype(np.float32).view(np.uint32)  # the kernel passes scale * 2^119 as float32
+    operands = {f"${4 + j}": word_grid for j in range(8)} | {f"${12 + j}": shifted for j in range(8)}
+    regs = run_ptx(asm, operands)
+    table = np.array(E2M1)
+    wrong = 0
+    for i in range(4):
+        for half, code in ((0, i), (1, i + 4)):  # output i holds codes i (low half) and i + 4 (high half)
+            got = _bf16_values((regs[f"${i}"] >> (16 * half)) & 0xFFFF)
+            expected = table[(word_grid >> (4 * code)) & 0xF] * scale_grid * 2.0**-7
+            wrong += int(np.sum((got != expected) | (np.signbit(got) != np.signbit(expected))))
+    return wrong
+
+
+def test_decode_asm_gives_exact_scaled_e2m1_pairs():
+    from reference_engine.kernels.moe_prefill_gluon import _decode_asm
+
+    assert _decode_mismatches(_decode_asm()) == 0
+    # Known wrong: the sign moved one bit short (bit 14, an exponent bit) must be caught.
+    assert _decode_mismatches(_decode_asm().replace("shl.b32 g, t, 6;", "shl.b32 g, t, 5;")) > 0
+    # Known wrong: a magnitude mask that drops the mantissa bit must be caught.
+    assert _decode_mismatches(_decode_asm().replace("0x01C001C0", "0x01800180")) > 0
 
 
 def test_permute_steps_moves_each_element_to_its_operand_position():
