@@ -172,7 +172,7 @@ def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DE
 
 
 DECODE_MOE = -1  # 2: the routed experts' prefill GEMMs decode into the register operand (`_register_products`); -1: `DECODE`
-GLUON_GATE_UP = 0  # 1: the routed experts' gate/up launch runs `moe_prefill_gluon` where it applies (`_gluon_moe`; not yet run on a GPU)
+GLUON_GATE_UP = 0  # 1: the routed experts' gate/up launch runs `moe_prefill_gluon` where it applies (`_gluon_moe`; on in the H200 tuning file since run47)
 GLUON_DOWN = 0  # the same for their down launch
 GLUON_MAX_REGISTERS = 0  # both Gluon launches' register cap (ptxas maxnreg), 0: none
 
