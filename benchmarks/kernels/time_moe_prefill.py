@@ -102,8 +102,8 @@ def gluon_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
     """`--gluon`: the committed plans, then the gate/up launch in Gluon (`kernels/moe_prefill_gluon.py`, the decoded
     weights as wgmma's register operand) at token blocks 64 and 32 and 128 or 64 gate/up rows per program (8 or 4
     warps), alone and with the down launch in Gluon (128 rows), then both launches with a register cap (run49 timed four
-    shared-memory stages: 390.6 against 378.7 us with three). Labels: 'gluon <launches> block_m <m> rows <n>[ registers
-    <cap>]'."""
+    shared-memory stages: 390.6 against 378.7 us with three) and with the blocks of at most 32 tokens in 32-wide launches.
+    Labels: 'gluon <launches> block_m <m> rows <n>[ registers <cap> | split <m>]'."""
     base_a, base_b = plan("moe_gate_up", tokens * TOP_K, INTER, HIDDEN, num_experts=EXPERTS), plan("moe_down", tokens * TOP_K, HIDDEN, INTER, num_experts=EXPERTS)
     found = {"committed": (base_a, base_b)}
     for launches in ("gate/up", "both"):
@@ -113,6 +113,9 @@ def gluon_variants(tokens: int) -> dict[str, tuple[GemmPlan, GemmPlan]]:
     for cap in (168, 160):  # three 4-warp gate/up programs per SM fit under 170 registers (run49: 171, two fit)
         found[f"gluon both block_m 64 rows 64 registers {cap}"] = (with_fields(base_a, gluon=1, block_m=64, block_n=64, max_registers=cap),
                                                                   with_fields(base_b, gluon=1, block_m=64, block_n=128, max_registers=cap))  # fmt: skip
+    # blocks of at most 32 tokens (about half of them at 1024 tokens) in 32-wide launches: less MMA padding
+    found["gluon both block_m 64 rows 64 split 32"] = (with_fields(base_a, gluon=1, block_m=64, block_n=64, split_m=32),
+                                                       with_fields(base_b, gluon=1, block_m=64, block_n=128, split_m=32))  # fmt: skip
     return found
 
 
@@ -122,7 +125,9 @@ def committed_label(tuning: dict) -> str:
         return ""
     label = f"gluon {'both' if tuning.get('moe_prefill_gluon_down') else 'gate/up'} block_m {tuning.get('moe_prefill_block_m_max', 64)}"
     label += f" rows {tuning.get('moe_prefill_gate_up_block_n', 64)}"
-    return label + (f" registers {tuning['moe_prefill_gluon_max_registers']}" if tuning.get("moe_prefill_gluon_max_registers") else "")
+    if tuning.get("moe_prefill_gluon_max_registers"):
+        label += f" registers {tuning['moe_prefill_gluon_max_registers']}"
+    return label + (f" split {tuning['moe_prefill_gluon_split_m']}" if tuning.get("moe_prefill_gluon_split_m") else "")
 
 
 REGISTER = False  # decode 2 in `--tiles` (run36: 2.4 to 4.9 times slower than the committed plans, so left out since)
@@ -219,13 +224,15 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tiles: bool =
             tuning = json.loads(Path(tuning_in).read_text())
             baseline = min(moe["committed"], moe.get(committed_label(tuning), float("inf")))  # a second sample of the committed kernels
             if pick is not None and moe[pick] <= GAIN * baseline:
-                _, launches, _, block_m, _, rows, *cap = pick.split()
+                _, launches, _, block_m, _, rows, *extra = pick.split()  # extra: [] or ["registers" | "split", value]
                 tuning |= {"moe_prefill_gluon": 1, "moe_prefill_gate_up_block_n": int(rows), "moe_prefill_block_m_max": int(block_m)}
-                tuning["moe_prefill_gluon_max_registers"] = int(cap[-1]) if cap else 0
+                tuning["moe_prefill_gluon_max_registers"] = int(extra[1]) if extra[:1] == ["registers"] else 0
+                tuning["moe_prefill_gluon_split_m"] = int(extra[1]) if extra[:1] == ["split"] else 0
                 if launches == "both":
                     tuning["moe_prefill_gluon_down"] = 1
             Path(tuning_out).write_text(json.dumps(tuning, indent=1) + "\n")
-            keys = ("moe_prefill_gluon", "moe_prefill_gluon_down", "moe_prefill_gate_up_block_n", "moe_prefill_block_m_max", "moe_prefill_gluon_max_registers")
+            keys = ("moe_prefill_gluon", "moe_prefill_gluon_down", "moe_prefill_gate_up_block_n", "moe_prefill_block_m_max", "moe_prefill_gluon_max_registers",
+                    "moe_prefill_gluon_split_m")
             print("tuning:", {key: tuning.get(key) for key in keys}, flush=True)
         return
     if tiles:  # decode 2 at the best tiles into the tuning file when it is at least 2% faster

@@ -108,6 +108,15 @@ def _block_bounds(blocks_ptr, block, MAX_BLOCKS):
     return gl.load(blocks_ptr + block), gl.load(blocks_ptr + MAX_BLOCKS + block), gl.load(blocks_ptr + 2 * MAX_BLOCKS + block)
 
 
+@gluon.jit
+def _takes_block(first, end, TABLE_M: gl.constexpr, ROWS_ABOVE: gl.constexpr, BLOCK_M: gl.constexpr):
+    """Whether this launch handles a block of the TABLE_M-token block table: the block's token count (at most TABLE_M)
+    is above ROWS_ABOVE and at most BLOCK_M. One launch per class lets blocks with few tokens run a narrower MMA
+    (`nvfp4_gemm`'s `split_m`); with TABLE_M == BLOCK_M and ROWS_ABOVE 0 every block qualifies."""
+    count = gl.minimum(end - first, TABLE_M)
+    return (count > ROWS_ABOVE) & (count <= BLOCK_M)
+
+
 def _decode_asm() -> str:
     """PTX for one int32 word ($4 .. $11: eight copies, one per element of the call) and its block scale times 2^119
     (float32, $12 .. $19): $0 .. $3 = bfloat16 pairs (code i, code i + 4) times the scale, code i from bits 4i .. 4i + 3.
@@ -195,17 +204,20 @@ def moe_gate_up_gluon_kernel(
     x_ptr, order_ptr, blocks_ptr, words_ptr, scale_words_ptr, scale_2_ptr, act_ptr,
     MAX_BLOCKS, stride_x,
     I: gl.constexpr, H_BYTES: gl.constexpr, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-    PERMUTED_ACT: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
+    PERMUTED_ACT: gl.constexpr, STAGES: gl.constexpr, TABLE_M: gl.constexpr, ROWS_ABOVE: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Grid (block-table blocks, cdiv(I, BLOCK_N)): act[p, n] (bfloat16, the pairs' sorted positions p, intermediate
     columns n; at `permute_steps` positions when PERMUTED_ACT, for the Gluon down launch) = silu(gate) * up of the
-    block's BLOCK_M tokens against BLOCK_N = 16 * num_warps gate rows and as many up rows of its expert. x [T, H]
+    block's tokens (at most BLOCK_M; the table's blocks hold TABLE_M, see `_takes_block`) against BLOCK_N = 16 *
+    num_warps gate rows and as many up rows of its expert. x [T, H]
     bfloat16 in `permute_steps` order, row stride stride_x; the packed weights and their block scales as int32 words.
     Every K step's activation tile, weight words and scales arrive by cp.async, STAGES - 1 steps ahead."""
     STEPS: gl.constexpr = H_BYTES // STEP_BYTES
     WORDS: gl.constexpr = STEP_BYTES // 4  # weight words per row and step
     expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
     if expert < 0:  # past the real block count
+        return
+    if not _takes_block(first, end, TABLE_M, ROWS_ABOVE, BLOCK_M):  # another launch's token class
         return
     acc_layout: gl.constexpr = _acc_layout(BLOCK_N, BLOCK_M, num_warps)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -277,7 +289,7 @@ def moe_down_gluon_kernel(
     act_ptr, order_ptr, weights_ptr, blocks_ptr, words_ptr, scale_words_ptr, scale_2_ptr, pair_out_ptr,
     MAX_BLOCKS,
     H: gl.constexpr, I_BYTES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-    num_warps: gl.constexpr,
+    TABLE_M: gl.constexpr, ROWS_ABOVE: gl.constexpr, num_warps: gl.constexpr,
 ):
     """The down launch in the same form: grid (block-table blocks, cdiv(H, BLOCK_N)); act [pairs, I] bfloat16 in sorted
     order and `permute_steps` order (the gate/up launch with PERMUTED_ACT); writes pair_out[pair, H] float32 = the down
@@ -286,6 +298,8 @@ def moe_down_gluon_kernel(
     WORDS: gl.constexpr = STEP_BYTES // 4
     expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
     if expert < 0:  # past the real block count
+        return
+    if not _takes_block(first, end, TABLE_M, ROWS_ABOVE, BLOCK_M):  # another launch's token class
         return
     acc_layout: gl.constexpr = _acc_layout(BLOCK_N, BLOCK_M, num_warps)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)

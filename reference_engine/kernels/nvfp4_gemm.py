@@ -63,8 +63,9 @@ Options the tuning file switches (each measured on the H200, `benchmarks/NOTES.m
   run36: 2.4 to 4.9 times slower, off).
 - `gluon` (`GLUON_GATE_UP`, `GLUON_DOWN`): the experts' gate/up and down launches as the Gluon kernels of
   `moe_prefill_gluon` (the decoded weights as wgmma's register operand; `max_registers` / `GLUON_MAX_REGISTERS` caps
-  their registers). run49: the whole experts op at 1024 tokens 378.7 us with both (64 tokens, 64 gate/up rows) against
-  475.8 for the Triton launches at the session's start; on in the H200 tuning file.
+  their registers, `split_m` / `GLUON_SPLIT_M` runs blocks with few tokens in a narrower launch). run49: the whole
+  experts op at 1024 tokens 378.7 us with both (64 tokens, 64 gate/up rows) against 475.8 for the Triton launches at
+  the session's start; on in the H200 tuning file.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class GemmPlan:
     fused: int = -1  # routed experts' gate/up launch: 1 one dot over interleaved gate and up rows; -1: the module's `FUSE_GATE_UP`
     gluon: int = -1  # routed experts' launch of this plan: 1 its Gluon kernel where it applies (`_gluon_moe`); -1: the module's `GLUON_GATE_UP` / `GLUON_DOWN`
     max_registers: int = -1  # that Gluon launch's register cap (ptxas maxnreg; 0 none); -1: the module's `GLUON_MAX_REGISTERS`
+    split_m: int = -1  # that Gluon launch: blocks of at most split_m tokens in a launch of that width (`_token_classes`; 0 none); -1: `GLUON_SPLIT_M`
 
 
 DECODE = 0  # the weight decode of every plan that does not name one (the tuning file may set 1)
@@ -175,6 +177,20 @@ DECODE_MOE = -1  # 2: the routed experts' prefill GEMMs decode into the register
 GLUON_GATE_UP = 0  # 1: the routed experts' gate/up launch runs `moe_prefill_gluon` where it applies (`_gluon_moe`; on in the H200 tuning file since run47)
 GLUON_DOWN = 0  # the same for their down launch
 GLUON_MAX_REGISTERS = 0  # both Gluon launches' register cap (ptxas maxnreg), 0: none
+
+
+GLUON_SPLIT_M = 0  # both Gluon launches: blocks of at most this many tokens run a launch of that width, 0: one launch
+
+
+def _token_classes(p: GemmPlan) -> list[tuple[int, int]]:
+    """(BLOCK_M, ROWS_ABOVE) of each Gluon launch over the plan's block table (`moe_prefill_gluon._takes_block`): one
+    launch of block_m tokens, or with `split_m` (else `GLUON_SPLIT_M`) below block_m, a split_m-wide launch for the
+    blocks holding at most split_m tokens and a block_m-wide one for the rest (less MMA padding: at 1024 tokens an
+    expert gets about 32 pairs)."""
+    split = GLUON_SPLIT_M if p.split_m < 0 else p.split_m
+    if 0 < split < p.block_m:
+        return [(split, 0), (p.block_m, split)]
+    return [(p.block_m, 0)]
 
 
 def _register_cap(p: GemmPlan) -> dict:
@@ -947,12 +963,13 @@ def nvfp4_moe_prefill(
         )
 
         x_steps = permute_steps(x)  # the operand's K order within each 128-element step (one copy of x)
-        moe_gate_up_gluon_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
-            x_steps, order, table, experts.gate_up_packed.contiguous().view(torch.int32), experts.gate_up_scale.contiguous().view(torch.int32),
-            experts.gate_up_scale_2.contiguous(), act, blocks, x_steps.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
-            BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, PERMUTED_ACT=int(gluon_b), STAGES=max(plan_a.num_stages, 2), num_warps=plan_a.block_n // 16,
-            **_register_cap(plan_a),
-        )
+        for block_m, rows_above in _token_classes(plan_a):
+            moe_gate_up_gluon_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
+                x_steps, order, table, experts.gate_up_packed.contiguous().view(torch.int32), experts.gate_up_scale.contiguous().view(torch.int32),
+                experts.gate_up_scale_2.contiguous(), act, blocks, x_steps.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
+                BLOCK_M=block_m, BLOCK_N=plan_a.block_n, PERMUTED_ACT=int(gluon_b), STAGES=max(plan_a.num_stages, 2),
+                TABLE_M=plan_a.block_m, ROWS_ABOVE=rows_above, num_warps=plan_a.block_n // 16, **_register_cap(plan_a),
+            )
     else:
         _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
             x, order, table, _packed_operand(experts.gate_up_packed.contiguous(), _decode(plan_a)), experts.gate_up_scale.contiguous(),
@@ -971,12 +988,13 @@ def nvfp4_moe_prefill(
         )
 
         act = act if gluon_a else permute_steps(act)  # the Gluon gate/up launch wrote it in step order already
-        moe_down_gluon_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
-            act, order, topk_weights.contiguous(), table, experts.down_packed.contiguous().view(torch.int32),
-            experts.down_scale.contiguous().view(torch.int32), experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
-            BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, STAGES=max(plan_b.num_stages, 2), num_warps=plan_b.block_n // 16,
-            **_register_cap(plan_b),
-        )
+        for block_m, rows_above in _token_classes(plan_b):
+            moe_down_gluon_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
+                act, order, topk_weights.contiguous(), table, experts.down_packed.contiguous().view(torch.int32),
+                experts.down_scale.contiguous().view(torch.int32), experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
+                BLOCK_M=block_m, BLOCK_N=plan_b.block_n, STAGES=max(plan_b.num_stages, 2), TABLE_M=plan_b.block_m, ROWS_ABOVE=rows_above,
+                num_warps=plan_b.block_n // 16, **_register_cap(plan_b),
+            )
     else:
         _moe_down_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
             act, order, topk_weights.contiguous(), table, _packed_operand(experts.down_packed.contiguous(), _decode(plan_b)), experts.down_scale.contiguous(),

@@ -27,7 +27,8 @@ prefill GEMMs decoding straight into wgmma's register operand (K-permuted x, `nv
 `moe_prefill_fused_gate_up` 1 their gate/up launch running one dot over interleaved gate and up rows, `moe_prefill_gluon` 1
 that launch running the Gluon kernel (`kernels/moe_prefill_gluon.py`: the decoded weights as wgmma's register operand),
 `moe_prefill_gluon_down` 1 their down launch likewise, `moe_prefill_gluon_max_registers` a register cap for both Gluon
-launches (ptxas's maxnreg; 0 none), `gdn_prefill_scan_stages` how the
+launches (ptxas's maxnreg; 0 none), `moe_prefill_gluon_split_m` their blocks of at most that many tokens in a launch of
+that width (0 none), `gdn_prefill_scan_stages` how the
 chunked GDN prefill's second launch walks the chunks (0 a while loop, else a range loop pipelined with that many stages;
 `benchmarks/kernels/time_gdn_prefill.py`), `gdn_prefill_prepare_warps` the warps of its first launch,
 `moe_prefill_block_m_max` the routed experts' largest token block and
@@ -143,6 +144,7 @@ class TuningFile(BaseModel):
     moe_prefill_gluon: int | None = Field(default=None, ge=0, le=1)  # their gate/up launch: 1 the Gluon kernel (`moe_prefill_gluon`)
     moe_prefill_gluon_down: int | None = Field(default=None, ge=0, le=1)  # their down launch: 1 its Gluon kernel
     moe_prefill_gluon_max_registers: int | None = Field(default=None, ge=0, le=255)  # both Gluon launches: ptxas register cap (0 none)
+    moe_prefill_gluon_split_m: Literal[0, 32] | None = None  # both Gluon launches: blocks of at most 32 tokens in a 32-wide launch (0 none)
     gdn_prefill_scan_stages: int | None = Field(default=None, ge=0, le=4)  # chunked GDN prefill's launch 2: 0 while loop, else pipelined stages
     gdn_prefill_prepare_warps: Literal[4, 8] | None = None  # its launch 1's warps at the real head shape
     moe_prefill_block_m_max: Literal[16, 32, 64] | None = None  # the routed experts' prefill GEMMs: largest token block
@@ -197,6 +199,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
                         (tuning.gemm_swap_linear, "SWAP_LINEAR"), (tuning.gemm_swap_moe, "SWAP_MOE"), (tuning.gemm_decode_moe, "DECODE_MOE"),
                         (tuning.moe_prefill_fused_gate_up, "FUSE_GATE_UP"), (tuning.moe_prefill_gluon, "GLUON_GATE_UP"),
                         (tuning.moe_prefill_gluon_down, "GLUON_DOWN"), (tuning.moe_prefill_gluon_max_registers, "GLUON_MAX_REGISTERS"),
+                        (tuning.moe_prefill_gluon_split_m, "GLUON_SPLIT_M"),
                         (tuning.moe_prefill_block_m_max, "MOE_BLOCK_M_MAX"), (tuning.moe_prefill_gate_up_block_n, "MOE_GATE_UP_BLOCK_N")):  # fmt: skip
         if value is not None:
             setattr(nvfp4_gemm, name, value)

@@ -39,7 +39,8 @@ down = common | {"act_ptr": "*bf16", "weights_ptr": "*fp32", "pair_out_ptr": "*f
 configs = []
 for tokens in (32, 64):
     for rows in (64, 128):
-        tile = {"BLOCK_M": tokens, "BLOCK_N": rows, "STAGES": 3, "num_warps": rows // 16}
+        # the two classes of a split 64-token table: 32-wide for its blocks of at most 32 tokens, 64-wide for the rest
+        tile = {"BLOCK_M": tokens, "BLOCK_N": rows, "STAGES": 3, "TABLE_M": 64, "ROWS_ABOVE": 32 if tokens == 64 else 0, "num_warps": rows // 16}
         configs.append((f"gate_up {tokens}x{rows}", g.moe_gate_up_gluon_kernel, gate_up, {"I": 512, "H_BYTES": 1024, "TOP_K": 8, "PERMUTED_ACT": 1} | tile))
         configs.append((f"down {tokens}x{rows}", g.moe_down_gluon_kernel, down, {"H": 2048, "I_BYTES": 256} | tile))
 report = {}
@@ -186,6 +187,17 @@ def test_permute_steps_moves_each_element_to_its_operand_position():
         assert torch.equal(moved[:, 128 * step + 32 * wl + 16 * e2 + 8 * e1 + 2 * c + e0], x[:, natural])
 
 
+def test_token_classes_cover_every_block_once():
+    from reference_engine.kernels import nvfp4_gemm
+
+    assert nvfp4_gemm._token_classes(nvfp4_gemm.GemmPlan(64, 64, 32, 8, 3, split_m=0)) == [(64, 0)]
+    assert nvfp4_gemm._token_classes(nvfp4_gemm.GemmPlan(64, 64, 32, 8, 3, split_m=64)) == [(64, 0)]  # not below block_m: one launch
+    classes = nvfp4_gemm._token_classes(nvfp4_gemm.GemmPlan(64, 64, 32, 8, 3, split_m=32))
+    assert classes == [(32, 0), (64, 32)]
+    for count in range(1, 65):  # `moe_prefill_gluon._takes_block`'s rule: above rows_above, at most the launch's width
+        assert sum(rows_above < count <= width for width, rows_above in classes) == 1, count
+
+
 def test_cpu_and_interpreter_paths_never_take_the_gluon_kernels():
     from reference_engine.kernels import nvfp4_gemm
 
@@ -203,17 +215,18 @@ def real_experts():
     return cuda_experts(EXPERTS, HIDDEN, INTER, torch.Generator().manual_seed(0))
 
 
-LAUNCHES = [  # (block_m, gate/up rows, Gluon gate/up, Gluon down, register cap)
-    (64, 128, True, False, 0), (64, 64, True, False, 0), (32, 128, True, False, 0), (64, 128, True, True, 0), (32, 64, True, True, 0),
-    (64, 64, True, True, 168),
-    (64, 64, False, True, 0),  # Triton gate/up, Gluon down: the host puts act in step order
+LAUNCHES = [  # (block_m, gate/up rows, Gluon gate/up, Gluon down, register cap, split_m)
+    (64, 128, True, False, 0, 0), (64, 64, True, False, 0, 0), (32, 128, True, False, 0, 0), (64, 128, True, True, 0, 0), (32, 64, True, True, 0, 0),
+    (64, 64, True, True, 168, 0),
+    (64, 64, False, True, 0, 0),  # Triton gate/up, Gluon down: the host puts act in step order
+    (64, 64, True, True, 0, 32),  # blocks of at most 32 tokens in 32-wide launches, the rest 64-wide
 ]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(("block_m", "rows", "gate_up", "down", "cap"), LAUNCHES)
+@pytest.mark.parametrize(("block_m", "rows", "gate_up", "down", "cap", "split"), LAUNCHES)
 @pytest.mark.parametrize("tokens", [1024, 37])
-def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, block_m, rows, gate_up, down, cap, real_experts, monkeypatch):
+def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, block_m, rows, gate_up, down, cap, split, real_experts, monkeypatch):
     from real_moe_layer import EXPERTS, HIDDEN, INTER, TOP_K
 
     from reference_engine.kernels import nvfp4_gemm
@@ -224,8 +237,8 @@ def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, block_m, rows,
     weights = torch.softmax(torch.randn(tokens, TOP_K, generator=generator), dim=1).cuda()
     outs = []
     for gluon in (0, 1):
-        plans = (nvfp4_gemm.GemmPlan(block_m, rows, 32, 8, 3, gluon=gluon if gate_up else 0, max_registers=cap),
-                 nvfp4_gemm.GemmPlan(block_m, 128, 32, 8, 3, gluon=gluon if down else 0, max_registers=cap))  # fmt: skip
+        plans = (nvfp4_gemm.GemmPlan(block_m, rows, 32, 8, 3, gluon=gluon if gate_up else 0, max_registers=cap, split_m=split),
+                 nvfp4_gemm.GemmPlan(block_m, 128, 32, 8, 3, gluon=gluon if down else 0, max_registers=cap, split_m=split))  # fmt: skip
         assert nvfp4_gemm._gluon_moe(x, plans[0], False, HIDDEN, 0) == bool(gluon and gate_up)
         act_like = torch.empty(8, INTER, dtype=torch.bfloat16, device="cuda")
         assert nvfp4_gemm._gluon_moe(act_like, plans[1], False, INTER, 0) == bool(gluon and down)
