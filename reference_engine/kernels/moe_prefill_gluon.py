@@ -8,8 +8,8 @@ form that kept the decoded tiles in two shared-memory stages ran correctly but s
 for the whole experts op at 1024 tokens). Here the weights are the wgmma's A operand in registers: weight rows are
 the MMA's M (64 per warpgroup), the tokens of one block-table block its N. Every K step's activation tile, packed
 weight words and block scales arrive in shared memory by cp.async (`STAGES` stages, STAGES - 1 steps in flight); each
-thread reads back the packed words it copied (0.5 bytes per weight, where the Triton launches store and reload 2
-bytes of decoded tile, and wgmma reads them once more).
+thread reads back the packed words it copied: half a byte per weight written and half read, where the Triton launches
+store and reload 2 bytes of decoded tile.
 
 One K step is 128 elements: 64 packed bytes, 16 int32 words, per weight row. Thread (warp w, lane 4g + c) loads words
 4c .. 4c + 3 of rows 16w + g and 16w + g + 8 with one 16-byte load each and decodes each word in PTX (`_decode_asm`:
@@ -24,10 +24,13 @@ pairs the right elements: each step sums the same 128 products, in another order
 Per K step: wait for this step's copies and a CTA barrier, start the copies STAGES - 1 steps ahead, read back and
 decode the gate tile, issue its wgmmas, decode the up tile while they run, issue its wgmmas, wait for both.
 
-Status: compiled for sm_90 offline (`tests/reference_engine/kernels/test_moe_prefill_gluon.py`); the GPU tests and
-timings are in benchmarks/NOTES.md (run47: weights loaded to registers, activations staged through registers; run48:
-activations by cp.async; this form, weights by cp.async too, from run49). Nothing calls these kernels unless a plan's `gluon` is 1 or `nvfp4_gemm.GLUON_GATE_UP` /
-`GLUON_DOWN` is set (tuning keys `moe_prefill_gluon`, `moe_prefill_gluon_down`).
+Status: on in the H200 tuning file since run48 (both launches, 64-token blocks, 64 gate/up rows); CUDA tests and
+timings in benchmarks/NOTES.md (run47: weights and activations loaded to registers; run48: activations by cp.async;
+this form, weights by cp.async too, from run49: the whole experts op at 1024 tokens 378.7 us against 475.8 for the
+Triton launches). Offline sm_90 compile checks in `tests/reference_engine/kernels/test_moe_prefill_gluon.py`. Nothing
+calls these kernels unless a plan's `gluon` is 1 or `nvfp4_gemm.GLUON_GATE_UP` / `GLUON_DOWN` is set (tuning keys
+`moe_prefill_gluon`, `moe_prefill_gluon_down`); `TABLE_M` / `ROWS_ABOVE` let one launch per token class share a block
+table (`_takes_block`, `nvfp4_gemm._token_classes`; prepared, not yet run on a GPU).
 """
 
 from __future__ import annotations
