@@ -112,12 +112,12 @@ def _block_bounds(blocks_ptr, block, MAX_BLOCKS):
 
 
 @gluon.jit
-def _takes_block(first, end, TABLE_M: gl.constexpr, ROWS_ABOVE: gl.constexpr, BLOCK_M: gl.constexpr):
-    """Whether this launch handles a block of the TABLE_M-token block table: the block's token count (at most TABLE_M)
-    is above ROWS_ABOVE and at most BLOCK_M. One launch per class lets blocks with few tokens run a narrower MMA
-    (`nvfp4_gemm`'s `split_m`); with TABLE_M == BLOCK_M and ROWS_ABOVE 0 every block qualifies."""
+def _takes_block(expert, first, end, TABLE_M: gl.constexpr, ROWS_ABOVE: gl.constexpr, BLOCK_M: gl.constexpr):
+    """Whether this launch handles a block of the TABLE_M-token block table: a real block (expert >= 0) whose token
+    count (at most TABLE_M) is above ROWS_ABOVE and at most BLOCK_M. One launch per class lets blocks with few tokens run
+    a narrower MMA (`nvfp4_gemm`'s `split_m`); with TABLE_M == BLOCK_M and ROWS_ABOVE 0 every real block qualifies."""
     count = gl.minimum(end - first, TABLE_M)
-    return (count > ROWS_ABOVE) & (count <= BLOCK_M)
+    return (expert >= 0) & (count > ROWS_ABOVE) & (count <= BLOCK_M)
 
 
 def _decode_asm() -> str:
@@ -218,9 +218,7 @@ def moe_gate_up_gluon_kernel(
     STEPS: gl.constexpr = H_BYTES // STEP_BYTES
     WORDS: gl.constexpr = STEP_BYTES // 4  # weight words per row and step
     expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
-    if expert < 0:  # past the real block count
-        return
-    if not _takes_block(first, end, TABLE_M, ROWS_ABOVE, BLOCK_M):  # another launch's token class
+    if not _takes_block(expert, first, end, TABLE_M, ROWS_ABOVE, BLOCK_M):  # past the real block count, or another class
         return
     acc_layout: gl.constexpr = _acc_layout(BLOCK_N, BLOCK_M, num_warps)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
@@ -300,9 +298,7 @@ def moe_down_gluon_kernel(
     STEPS: gl.constexpr = I_BYTES // STEP_BYTES
     WORDS: gl.constexpr = STEP_BYTES // 4
     expert, first, end = _block_bounds(blocks_ptr, gl.program_id(0), MAX_BLOCKS)
-    if expert < 0:  # past the real block count
-        return
-    if not _takes_block(first, end, TABLE_M, ROWS_ABOVE, BLOCK_M):  # another launch's token class
+    if not _takes_block(expert, first, end, TABLE_M, ROWS_ABOVE, BLOCK_M):  # past the real block count, or another class
         return
     acc_layout: gl.constexpr = _acc_layout(BLOCK_N, BLOCK_M, num_warps)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
