@@ -212,8 +212,8 @@ def moe_gate_up_gluon_kernel(
     """Grid (block-table blocks, cdiv(I, BLOCK_N)): act[p, n] (bfloat16, the pairs' sorted positions p, intermediate
     columns n; at `permute_steps` positions when PERMUTED_ACT, for the Gluon down launch) = silu(gate) * up of the
     block's tokens (at most BLOCK_M; the table's blocks hold TABLE_M, see `_takes_block`) against BLOCK_N = 16 *
-    num_warps gate rows and as many up rows of its expert. x [T, H]
-    bfloat16 in `permute_steps` order, row stride stride_x; the packed weights and their block scales as int32 words.
+    num_warps gate rows and as many up rows of its expert. x [T, H] bfloat16 in `permute_steps` order, row stride
+    stride_x; the packed weights and their block scales as int32 words.
     Every K step's activation tile, weight words and scales arrive by cp.async, STAGES - 1 steps ahead."""
     STEPS: gl.constexpr = H_BYTES // STEP_BYTES
     WORDS: gl.constexpr = STEP_BYTES // 4  # weight words per row and step

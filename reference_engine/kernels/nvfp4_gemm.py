@@ -177,9 +177,11 @@ DECODE_MOE = -1  # 2: the routed experts' prefill GEMMs decode into the register
 GLUON_GATE_UP = 0  # 1: the routed experts' gate/up launch runs `moe_prefill_gluon` where it applies (`_gluon_moe`; on in the H200 tuning file since run47)
 GLUON_DOWN = 0  # the same for their down launch
 GLUON_MAX_REGISTERS = 0  # both Gluon launches' register cap (ptxas maxnreg), 0: none
-
-
 GLUON_SPLIT_M = 0  # both Gluon launches: blocks of at most this many tokens run a launch of that width, 0: one launch
+MOE_BLOCK_M_MAX = 64  # the routed experts' largest token block (16, 32 or 64; the tuning file may lower it)
+MOE_GATE_UP_BLOCK_N = 64  # gate rows (and as many up rows) per program of the routed experts' first launch (64 or 128)
+SMALL_M_TOKENS = 64  # up to this many tokens a linear gets `_small_m_plan`
+SMALL_M_TUNED: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # (block_m, rows, k) -> (block_n, num_warps, split_k), from the tuning file
 
 
 def _token_classes(p: GemmPlan) -> list[tuple[int, int]]:
@@ -197,10 +199,6 @@ def _register_cap(p: GemmPlan) -> dict:
     """The launch option capping a Gluon launch's registers per thread, if any (`max_registers`, else `GLUON_MAX_REGISTERS`)."""
     cap = GLUON_MAX_REGISTERS if p.max_registers < 0 else p.max_registers
     return {"maxnreg": cap} if cap > 0 else {}
-MOE_BLOCK_M_MAX = 64  # the routed experts' largest token block (16, 32 or 64; the tuning file may lower it)
-MOE_GATE_UP_BLOCK_N = 64  # gate rows (and as many up rows) per program of the routed experts' first launch (64 or 128)
-SMALL_M_TOKENS = 64  # up to this many tokens a linear gets `_small_m_plan`
-SMALL_M_TUNED: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # (block_m, rows, k) -> (block_n, num_warps, split_k), from the tuning file
 
 
 def _small_m_plan(tokens: int, rows: int, k: int, block_kb: int, sm_count: int) -> GemmPlan:
