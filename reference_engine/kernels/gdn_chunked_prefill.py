@@ -77,14 +77,15 @@ DOT_PRECISION: str | None = None  # one precision for every dtype instead (bench
 
 
 @triton.jit
-def _row_tile(ptr, start, length, head, col0,
-              H: tl.constexpr, D: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr):
+def _row_tile(ptr, start, length, head, col0, stride_t, stride_h,
+              D: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK: tl.constexpr):
     """Rows start .. start + length - 1, columns col0 .. col0 + BLOCK - 1 of head `head` of a [T, H, D]
-    tensor in float32, as a [BLOCK_C, BLOCK] tile (zeros outside)."""
+    tensor (row stride `stride_t`, head stride `stride_h`, unit column stride) in float32, as a [BLOCK_C, BLOCK]
+    tile (zeros outside)."""
     rows = tl.arange(0, BLOCK_C)
     dims = col0 + tl.arange(0, BLOCK)
     mask = (rows < length)[:, None] & (dims < D)[None, :]
-    offsets = ((start + rows).to(tl.int64) * H + head)[:, None] * D + dims[None, :]
+    offsets = ((start + rows).to(tl.int64) * stride_t + head * stride_h)[:, None] + dims[None, :]
     return tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
 
 
@@ -118,7 +119,7 @@ def _unit_lower_inverse_blocked(a, rows, cols, BLOCK_C: tl.constexpr, PRECISION:
 @triton.jit
 def _gdn_chunk_prepare_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, chunk_start_ptr, chunk_len_ptr,
-    w_ptr, u_ptr, p_ptr, f_ptr, q_scale,
+    w_ptr, u_ptr, p_ptr, f_ptr, q_scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_D: tl.constexpr,
     EPS: tl.constexpr, PRECISION: tl.constexpr, BLOCKED_INVERSE: tl.constexpr = True,
@@ -148,8 +149,8 @@ def _gdn_chunk_prepare_kernel(
         qk = tl.zeros((BLOCK_C, BLOCK_C), dtype=tl.float32)
         kk = tl.zeros((BLOCK_C, BLOCK_C), dtype=tl.float32)
         for col0 in range(0, BLOCK_K, BLOCK_D):
-            q = _row_tile(q_ptr, start, length, key_head, col0, HK, DK, BLOCK_C, BLOCK_D)
-            k = _row_tile(k_ptr, start, length, key_head, col0, HK, DK, BLOCK_C, BLOCK_D)
+            q = _row_tile(q_ptr, start, length, key_head, col0, stride_qt, stride_qh, DK, BLOCK_C, BLOCK_D)
+            k = _row_tile(k_ptr, start, length, key_head, col0, stride_kt, stride_kh, DK, BLOCK_C, BLOCK_D)
             q_sq += tl.sum(q * q, axis=1)
             k_sq += tl.sum(k * k, axis=1)
             qk += tl.dot(q, tl.trans(k), input_precision=PRECISION)
@@ -183,17 +184,17 @@ def _gdn_chunk_prepare_kernel(
         tl.store(p_ptr + scratch_rows[:, None] * BLOCK_C + cols[None, :], p)
         key_weights = k_scale_rows * beta * tl.exp(c)  # [C]: normalised k times beta exp(c)
         for col0 in range(0, BLOCK_K, BLOCK_D):
-            k = _row_tile(k_ptr, start, length, key_head, col0, HK, DK, BLOCK_C, BLOCK_D)
+            k = _row_tile(k_ptr, start, length, key_head, col0, stride_kt, stride_kh, DK, BLOCK_C, BLOCK_D)
             w = tl.dot(t, k * key_weights[:, None], input_precision=PRECISION)  # [C, BLOCK_D] of W
             tl.store(w_ptr + scratch_rows[:, None] * BLOCK_K + (col0 + tl.arange(0, BLOCK_D))[None, :], w)
         for col0 in range(0, BLOCK_DV, BLOCK_D):
-            v = _row_tile(v_ptr, start, length, head, col0, HV, DV, BLOCK_C, BLOCK_D)
+            v = _row_tile(v_ptr, start, length, head, col0, stride_vt, stride_vh, DV, BLOCK_C, BLOCK_D)
             u = tl.dot(t, v * beta[:, None], input_precision=PRECISION)  # [C, BLOCK_D] of U
             tl.store(u_ptr + scratch_rows[:, None] * BLOCK_DV + (col0 + tl.arange(0, BLOCK_D))[None, :], u)
 
 
 @triton.jit
-def _scan_chunk(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, s_lo, s_hi, slot, start, length, live, head, key_head, cols, col_ok,
+def _scan_chunk(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, s_lo, s_hi, slot, start, length, live, head, key_head, cols, col_ok, strides,
                 HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                 BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """One chunk of `_gdn_chunk_scan_kernel`: its outputs stored, the state halves returned. `live` False (a
@@ -214,16 +215,17 @@ def _scan_chunk(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, s_lo, s_hi, s
     # out = P X + (q exp(c)) S, q L2-normalised and scaled
     o = tl.dot(tl.load(p_ptr + scratch_rows[:, None] * BLOCK_C + rows[None, :], mask=live, other=0.0), x, input_precision=PRECISION)
     q_rows = tl.load(f_ptr + factors, mask=live, other=0.0)
-    q = _row_tile(q_ptr, start, length, key_head, 0, HK, DK, BLOCK_C, HALF)
+    stride_qt, stride_qh, stride_kt, stride_kh = strides
+    q = _row_tile(q_ptr, start, length, key_head, 0, stride_qt, stride_qh, DK, BLOCK_C, HALF)
     o += tl.dot(q * q_rows[:, None], s_lo, input_precision=PRECISION)
-    q = _row_tile(q_ptr, start, length, key_head, HALF, HK, DK, BLOCK_C, HALF)
+    q = _row_tile(q_ptr, start, length, key_head, HALF, stride_qt, stride_qh, DK, BLOCK_C, HALF)
     o += tl.dot(q * q_rows[:, None], s_hi, input_precision=PRECISION)
     # S <- exp(c_last) S + (k exp(c_last - c))^T X, k L2-normalised
     k_rows = tl.load(f_ptr + factors + BLOCK_C, mask=live, other=0.0)
     chunk_decay = tl.load(f_ptr + (slot * HV + head) * 3 * BLOCK_C + 2 * BLOCK_C, mask=live, other=1.0)
-    k = _row_tile(k_ptr, start, length, key_head, 0, HK, DK, BLOCK_C, HALF)
+    k = _row_tile(k_ptr, start, length, key_head, 0, stride_kt, stride_kh, DK, BLOCK_C, HALF)
     s_lo = s_lo * chunk_decay + tl.dot(tl.trans(k * k_rows[:, None]), x, input_precision=PRECISION)
-    k = _row_tile(k_ptr, start, length, key_head, HALF, HK, DK, BLOCK_C, HALF)
+    k = _row_tile(k_ptr, start, length, key_head, HALF, stride_kt, stride_kh, DK, BLOCK_C, HALF)
     s_hi = s_hi * chunk_decay + tl.dot(tl.trans(k * k_rows[:, None]), x, input_precision=PRECISION)
     out_offsets = ((start + rows).to(tl.int64) * HV + head)[:, None] * DV + cols[None, :]
     tl.store(out_ptr + out_offsets, o.to(out_ptr.dtype.element_ty), mask=(rows < length)[:, None] & col_ok[None, :])
@@ -232,7 +234,7 @@ def _scan_chunk(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, s_lo, s_hi, s
 
 @triton.jit
 def _scan_step(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, chunk_start_ptr, chunk_len_ptr, s_lo, s_hi, step, first, count,
-               head, key_head, cols, col_ok, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+               head, key_head, cols, col_ok, strides, HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr):
     """Step `step` of a sequence's chunk loop when the loop runs the batch's largest count: past the sequence's own
     `count` the step is masked (`_scan_chunk`'s `live`) on a valid slot."""
@@ -240,14 +242,14 @@ def _scan_step(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, chunk_start_pt
     slot = (first + tl.maximum(tl.minimum(step, count - 1), 0)).to(tl.int64)  # every load below is masked by `live`
     start = tl.load(chunk_start_ptr + slot, mask=live, other=0)
     length = tl.load(chunk_len_ptr + slot, mask=live, other=0)
-    return _scan_chunk(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, s_lo, s_hi, slot, start, length, live, head, key_head, cols, col_ok,
+    return _scan_chunk(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, s_lo, s_hi, slot, start, length, live, head, key_head, cols, col_ok, strides,
                        HK, HV, DK, DV, BLOCK_C, BLOCK_K, BLOCK_DV, PRECISION)  # fmt: skip
 
 
 @triton.jit
 def _gdn_chunk_scan_kernel(
     q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, chunk_start_ptr, chunk_len_ptr, seq_first_ptr, seq_count_ptr,
-    state_ptr, out_ptr, final_state_ptr, max_steps,
+    state_ptr, out_ptr, final_state_ptr, max_steps, stride_qt, stride_qh, stride_kt, stride_kh,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_V: tl.constexpr,
     PRECISION: tl.constexpr, STAGES: tl.constexpr = 0, INTERPRETED: tl.constexpr = False,
@@ -276,6 +278,7 @@ def _gdn_chunk_scan_kernel(
     s_hi = tl.load(state_ptr + hi_offsets, mask=hi_mask, other=0.0)  # [HALF, BV]
     first = tl.load(seq_first_ptr + seq)
     count = tl.load(seq_count_ptr + seq)
+    strides = (stride_qt, stride_qh, stride_kt, stride_kh)
     if STAGES == 0:
         step = 0
         while step < count:  # a while loop: the interpreter cannot take a loaded bound in range()
@@ -283,18 +286,18 @@ def _gdn_chunk_scan_kernel(
             step += 1
             start = tl.load(chunk_start_ptr + slot)
             length = tl.load(chunk_len_ptr + slot)
-            s_lo, s_hi = _scan_chunk(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, s_lo, s_hi, slot, start, length, True, head, key_head, cols, col_ok,
+            s_lo, s_hi = _scan_chunk(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, s_lo, s_hi, slot, start, length, True, head, key_head, cols, col_ok, strides,
                                      HK, HV, DK, DV, BLOCK_C, BLOCK_K, BLOCK_DV, PRECISION)  # fmt: skip
     elif INTERPRETED:  # the same masked steps; the interpreter cannot take a runtime argument as a range bound
         step = 0
         while step < max_steps:
             s_lo, s_hi = _scan_step(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, chunk_start_ptr, chunk_len_ptr, s_lo, s_hi, step, first, count,
-                                    head, key_head, cols, col_ok, HK, HV, DK, DV, BLOCK_C, BLOCK_K, BLOCK_DV, PRECISION)  # fmt: skip
+                                    head, key_head, cols, col_ok, strides, HK, HV, DK, DV, BLOCK_C, BLOCK_K, BLOCK_DV, PRECISION)  # fmt: skip
             step += 1
     else:
         for step in tl.range(0, max_steps, num_stages=STAGES):
             s_lo, s_hi = _scan_step(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, chunk_start_ptr, chunk_len_ptr, s_lo, s_hi, step, first, count,
-                                    head, key_head, cols, col_ok, HK, HV, DK, DV, BLOCK_C, BLOCK_K, BLOCK_DV, PRECISION)  # fmt: skip
+                                    head, key_head, cols, col_ok, strides, HK, HV, DK, DV, BLOCK_C, BLOCK_K, BLOCK_DV, PRECISION)  # fmt: skip
     tl.store(final_state_ptr + lo_offsets, s_lo, mask=lo_mask)
     tl.store(final_state_ptr + hi_offsets, s_hi, mask=hi_mask)
 
@@ -377,11 +380,13 @@ def gdn_chunked_prefill(
         torch.empty(num_slots, num_v_heads, *shape, dtype=torch.float32, device=device)
         for shape in ((block_c, block_k), (block_c, block_dv), (block_c, block_c), (3, block_c))
     )
-    q_in, k_in, v_in = query.contiguous(), key.contiguous(), value.contiguous()
+    # strided views (the conv output's q, k, v column ranges) are read in place: only the column stride must be 1
+    q_in, k_in, v_in = (t if t.stride(2) == 1 else t.contiguous() for t in (query, key, value))
     q_scale = float(k_dim**-0.5)
 
     _gdn_chunk_prepare_kernel[(num_slots, num_v_heads)](
         q_in, k_in, v_in, g.contiguous(), beta.contiguous(), chunk_start, chunk_len, w, u, p, f, q_scale,
+        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), v_in.stride(0), v_in.stride(1),
         HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_DV=block_dv,
         BLOCK_D=min(BLOCK_D_MAX, block_k, block_dv), EPS=L2_EPS, PRECISION=precision, BLOCKED_INVERSE=BLOCKED_INVERSE, num_warps=(PREPARE_WARPS or NUM_WARPS) if block_c * block_k >= 64 * 128 else 4,
     )
@@ -392,6 +397,7 @@ def gdn_chunked_prefill(
     result = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     _gdn_chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(v_dim, block_v))](
         q_in, k_in, w, u, p, f, chunk_start, chunk_len, seq_first, seq_count, source, result, target, max_steps,
+        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1),
         HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_DV=block_dv, BLOCK_V=block_v,
         PRECISION=precision, STAGES=SCAN_STAGES, INTERPRETED=interpreting(), num_warps=NUM_WARPS if block_k * block_v >= 128 * 32 else 4,
     )

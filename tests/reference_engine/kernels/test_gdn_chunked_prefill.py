@@ -94,8 +94,20 @@ def run(module, args, chunk, in_place=False):
         module.gdn_chunked_prefill(q, k, v, g, beta, cu, state, out, final, chunk_size=chunk)
     return out, final
 
-def measure(name, lengths, dtype, chunk, seed, in_place=False, **dims):
+def as_column_views(args):
+    # q, k, v as the model passes them: column ranges of one wider [T, C] buffer (the conv output), row stride C
+    q, k, v, *rest = args
+    tokens = q.shape[0]
+    wide = torch.full((tokens, q[0].numel() + k[0].numel() + v[0].numel() + 8), float("nan"), dtype=q.dtype)
+    a, b = q[0].numel(), q[0].numel() + k[0].numel()
+    wide[:, :a], wide[:, a:b], wide[:, b : b + v[0].numel()] = q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)
+    views = wide[:, :a].view(q.shape), wide[:, a:b].view(k.shape), wide[:, b : b + v[0].numel()].view(v.shape)
+    assert not any(view.is_contiguous() for view in views)
+    return (*views, *rest)
+
+def measure(name, lengths, dtype, chunk, seed, in_place=False, strided=False, **dims):
     args = inputs(lengths, dtype, seed, **dims)
+    args = as_column_views(args) if strided else args
     q, k, v, g, beta, cu, state = args
     out, final = run(kernel_module, args, chunk, in_place)
     ref_out, ref_final = torch.empty_like(v), torch.empty_like(state)
@@ -126,7 +138,9 @@ result["cases"]["ragged-f32-chunk16-stages2"] = measure("ragged", RAGGED, torch.
 result["cases"]["batch3-empty-seq-in-place-stages2"] = measure("b3", [17, 0, 23], torch.float32, 16, 4, in_place=True)
 result["cases"]["batch3-empty-first-stages2"] = measure("b3e", [0, 17, 23], torch.float32, 16, 10)
 result["cases"]["long-f32-chunk64-stages2"] = measure("long", LONG, torch.float32, 64, 7)
+result["cases"]["ragged-f32-chunk16-strided-stages2"] = measure("ragged", RAGGED, torch.float32, 16, 11, strided=True)
 kernel_module.SCAN_STAGES = 0
+result["cases"]["ragged-f32-chunk16-strided"] = measure("ragged", RAGGED, torch.float32, 16, 11, strided=True)
 
 # Worst case for the inverse: every key the same, beta near 1, almost no decay (A is nearly all ones below the
 # diagonal; its powers grow binomially, the inverse stays bidiagonal).
@@ -180,6 +194,7 @@ def test_contract_cpu_cases_pass_under_the_interpreter(run):
     "ragged-f32-chunk16", "ragged-f32-chunk8", "batch1-f32-chunk16", "batch3-empty-seq-in-place", "batch3-hv-eq-hk-dv64",
     "long-f32-chunk64", "long-f32-chunk64-blocked-True", "long-f32-chunk64-blocked-False", "repeated-keys-f32-chunk64",
     "ragged-f32-chunk16-stages2", "batch3-empty-seq-in-place-stages2", "batch3-empty-first-stages2", "long-f32-chunk64-stages2",
+    "ragged-f32-chunk16-strided", "ragged-f32-chunk16-strided-stages2",  # q, k, v column views of one [T, C] buffer
 ])
 def test_float32_matches_the_torch_op_and_the_recurrence(measured, case):
     errors = measured["cases"][case]
@@ -225,6 +240,9 @@ def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths, dtype, sta
         return torch.randn(*shape, generator=generator, device="cuda")
 
     q, k, v = randn(tokens, 16, 128).to(dtype), randn(tokens, 16, 128).to(dtype), randn(tokens, 32, 128).to(dtype)
+    wide = torch.full((tokens, 8192 + 4096), float("nan"), dtype=dtype, device="cuda")  # the model's conv output holds q | k | v
+    wide[:, :2048], wide[:, 2048:4096], wide[:, 4096:8192] = q.view(tokens, -1), k.view(tokens, -1), v.view(tokens, -1)
+    q_view, k_view, v_view = wide[:, :2048].view(q.shape), wide[:, 2048:4096].view(k.shape), wide[:, 4096:8192].view(v.shape)
     g = -0.5 * torch.rand(tokens, 32, generator=generator, device="cuda") - 0.01
     beta = torch.rand(tokens, 32, generator=generator, device="cuda")
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
@@ -234,8 +252,11 @@ def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths, dtype, sta
     out = torch.full_like(v, float("nan"))
     final = torch.full_like(state, float("nan"))
     gdn_chunked_prefill(q, k, v, g, beta, cu, state, out, final)
+    viewed_out, viewed_final = torch.full_like(v, float("nan")), torch.full_like(state, float("nan"))
+    gdn_chunked_prefill(q_view, k_view, v_view, g, beta, cu, state, viewed_out, viewed_final)  # read in place, no copies
     torch.cuda.synchronize()
     assert not out.isnan().any() and not final.isnan().any()
+    assert torch.equal(viewed_out, out) and torch.equal(viewed_final, final)
 
     def rel(a, b):
         return ((a.double() - b.double()).norm() / b.double().norm()).item()
