@@ -30,7 +30,8 @@ group is cut into blocks of BLOCK_M pairs, and two launches run over the blocks:
   B. (block, H column block): act rows x the expert's down rows, times the tensor scale and the pair's
      routing weight, written in float32 at the pair's own index t * top_k + j of [T * top_k, H].
 Then `_slot_sum_kernel` sums the top_k slots of every token in slot order and rounds once into out
-(deterministic; no atomics). The block table is built
+(deterministic; no atomics); given `shared` (the shared expert's output and gate logit) it adds
+s_t * sigmoid(logit_t) to that float32 sum first, so the MoE block's output leaves in the same launch. The block table is built
 by a counting sort in three small launches (`block_table`) on the device, no host sync; the grid is
 sized by an upper bound on the block count (floor(P / BLOCK_M) + min(E, P), at most P, for P pairs),
 and blocks past the real count return at once. The only host sync is the expert-id range check,
@@ -766,14 +767,19 @@ def _moe_down_kernel(
 
 
 @triton.jit
-def _slot_sum_kernel(y_ptr, out_ptr, H: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr):
-    """out[t] = sum_j y[t * SLOTS + j] for j in slot order (float32 rows), rounded once into out's dtype."""
+def _slot_sum_kernel(y_ptr, out_ptr, s_ptr, logit_ptr, stride_s, stride_logit, H: tl.constexpr, SLOTS: tl.constexpr, BLOCK_H: tl.constexpr,
+                     SHARED: tl.constexpr = False):
+    """out[t] = sum_j y[t * SLOTS + j] for j in slot order (float32 rows) [+ s[t] * sigmoid(logit[t]) when SHARED],
+    rounded once into out's dtype."""
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     ok = cols < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for j in tl.static_range(SLOTS):  # slot order: the same sum for the same routing
         acc += tl.load(y_ptr + (token * SLOTS + j) * H + cols, mask=ok, other=0.0)
+    if SHARED:  # the shared expert's output times its sigmoid gate, in float32, after the routed slots
+        gate = tl.sigmoid(tl.load(logit_ptr + token * stride_logit).to(tl.float32))
+        acc += tl.load(s_ptr + token * stride_s + cols, mask=ok, other=0.0).to(tl.float32) * gate
     tl.store(out_ptr + token * H + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -913,18 +919,21 @@ def block_table_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) ->
 
 def nvfp4_moe_prefill(
     x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: StackedNvfp4Experts, out: torch.Tensor, check_ids: bool = True,
-    plans: tuple[GemmPlan, GemmPlan] | None = None,
+    plans: tuple[GemmPlan, GemmPlan] | None = None, shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """out[t] = sum_j topk_weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = topk_ids[t, j], for NVFP4
     experts (`StackedNvfp4Experts`; x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32, out [T, H]
     in x's dtype). The activation is rounded to x's dtype before the down projection (as `ops.moe`).
     `check_ids=False` skips the expert-id range check, the op's one host sync: for ids in range by
     construction (the model's router top-k), so a prefill does not wait for the GPU once per layer.
-    `plans`: the (gate/up, down) tiles instead of `plan(...)` (benchmarks and tests; both must share block_m)."""
+    `plans`: the (gate/up, down) tiles instead of `plan(...)` (benchmarks and tests; both must share block_m).
+    `shared`: (s [T, H] in x's dtype, logit [T, 1] or [T]): out gains s * sigmoid(logit) per token, added to the
+    float32 slot sum before its one rounding (the MoE block's shared expert and gate, in the same launch)."""
     from reference_engine.ops.static_moe import capturing
 
     tokens, top_k, num_experts, inter = _check_moe(x, topk_weights, topk_ids, experts, out)
-    tensors = (x, topk_weights, topk_ids, out, *vars(experts).values())
+    _check_shared(shared, out)
+    tensors = (x, topk_weights, topk_ids, out, *vars(experts).values(), *(shared or ()))
     require_launchable(*tensors)
     hidden = x.shape[1]
     if tokens == 0:
@@ -1001,18 +1010,35 @@ def nvfp4_moe_prefill(
             DOT_KIND=dot_kind, DECODE=_decode(plan_b), PREFETCH=_prefetch(plan_b, moe=True), SWAP=_swap(plan_b, moe=True), num_warps=plan_b.num_warps,
             num_stages=1 if register else plan_b.num_stages,
         )
-    slot_sum(pair_out, out, top_k)
+    slot_sum(pair_out, out, top_k, shared)
     return out
 
 
-def slot_sum(y: torch.Tensor, out: torch.Tensor, slots: int) -> None:
+def _check_shared(shared: tuple[torch.Tensor, torch.Tensor] | None, out: torch.Tensor) -> None:
+    if shared is None:
+        return
+    if not isinstance(shared, tuple) or len(shared) != 2:
+        raise ValueError("shared must be a pair (shared expert output [T, H], gate logit [T, 1] or [T])")
+    s, logit = shared
+    tokens = out.shape[0]
+    if tuple(s.shape) != tuple(out.shape) or s.dtype != out.dtype or s.stride(1) != 1:
+        raise ValueError(f"the shared expert output must be {out.dtype} {list(out.shape)} with unit column stride, got {s.dtype} {list(s.shape)}")
+    if tuple(logit.shape) not in ((tokens,), (tokens, 1)) or not logit.is_floating_point():
+        raise ValueError(f"the shared gate logit must be a float tensor [{tokens}, 1] or [{tokens}], got {logit.dtype} {list(logit.shape)}")
+
+
+def slot_sum(y: torch.Tensor, out: torch.Tensor, slots: int, shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """out [T, H] = the sum over each token's `slots` consecutive float32 rows of y [T * slots, H], in slot order,
-    rounded once into out's dtype (one launch; deterministic)."""
+    plus s * sigmoid(logit) per token when `shared` = (s [T, H], logit [T, 1] or [T]) is given, rounded once into
+    out's dtype (one launch; deterministic)."""
     tokens, hidden = out.shape
     buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16), else `out`
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     block_h = min(SLOT_SUM_BLOCK_H, triton.next_power_of_2(hidden))
-    _slot_sum_kernel[(tokens, triton.cdiv(hidden, block_h))](y, target, H=hidden, SLOTS=slots, BLOCK_H=block_h)
+    s, logit = shared if shared is not None else (y, y)  # unread without SHARED
+    _slot_sum_kernel[(tokens, triton.cdiv(hidden, block_h))](
+        y, target, s, logit, s.stride(0), logit.stride(0), H=hidden, SLOTS=slots, BLOCK_H=block_h, SHARED=shared is not None,
+    )
     if target is not buffer:
         buffer.copy_(target)
     finish(buffer, out)

@@ -76,8 +76,24 @@ class RoutedExperts:
     def is_fused_dense(self) -> bool:
         return self.gate_up_proj is not None
 
-    def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, ops=None) -> torch.Tensor:
-        """x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32 -> out [T, H]; `ops`: the capturable ops."""
+    def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, ops=None,
+                 shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+        """x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32 -> out [T, H]; `ops`: the capturable ops.
+
+        `shared` (eager path only): (s [T, H], logit [T, 1]), the shared expert's output and gate logit; out becomes
+        routed + s * sigmoid(logit). The GPU prefill kernels add it inside their last launch; elsewhere it is added
+        after the routed sum (s is overwritten)."""
+        if shared is not None and ops is None and self.stacked is not None and x.is_cuda and triton_allowed(x):
+            nvfp4_moe_prefill = _gpu_prefill()
+            if nvfp4_moe_prefill is not None:
+                return nvfp4_moe_prefill(x, topk_weights, topk_ids, self.stacked, out=out, check_ids=False, shared=shared)
+        self._routed(x, topk_weights, topk_ids, out, ops)
+        if shared is not None:
+            s, logit = shared
+            out.add_(s.mul_(torch.sigmoid(logit)))
+        return out
+
+    def _routed(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, ops) -> torch.Tensor:
         if ops is not None and self.is_fused_dense:
             ops.routed_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, out=out)
             return out
@@ -87,10 +103,7 @@ class RoutedExperts:
         if self.is_fused_dense:
             return routed_experts(x, topk_weights, topk_ids, self.gate_up_proj, self.down_proj, out=out)
         if self.stacked is not None and x.is_cuda and triton_allowed(x):  # eager prefill on the GPU: grouped tensor-core GEMMs
-            try:
-                from reference_engine.kernels.nvfp4_gemm import nvfp4_moe_prefill
-            except ImportError:  # no Triton: the per-expert torch path below
-                nvfp4_moe_prefill = None
+            nvfp4_moe_prefill = _gpu_prefill()
             if nvfp4_moe_prefill is not None:
                 return nvfp4_moe_prefill(x, topk_weights, topk_ids, self.stacked, out=out, check_ids=False)  # ids from the router: in range
         touched = torch.unique(topk_ids.long())  # [E'] sorted
@@ -109,3 +122,12 @@ class RoutedExperts:
         if self.stacked is not None:
             return sum(t.numel() * t.element_size() for t in vars(self.stacked).values())
         return sum(linear.nbytes() for linear in (*self.gate, *self.up, *self.down))
+
+
+def _gpu_prefill():
+    """`kernels.nvfp4_gemm.nvfp4_moe_prefill`, or None without Triton (the per-expert torch path then)."""
+    try:
+        from reference_engine.kernels.nvfp4_gemm import nvfp4_moe_prefill
+    except ImportError:
+        return None
+    return nvfp4_moe_prefill

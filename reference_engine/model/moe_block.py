@@ -140,8 +140,7 @@ class SparseMoeBlock:
         topk_ids = torch.empty(num_tokens, self.top_k, dtype=torch.int32, device=x.device)  # [T, k]
         router_logits = logits[:, :num_experts]
         eager_op("router_topk", router_logits)(router_logits, topk_weights=topk_weights, topk_ids=topk_ids, top_k=self.top_k)
-        routed = torch.empty_like(x)  # [T, H]
-        self.experts(x, topk_weights, topk_ids, out=routed)
         gate, up = self.shared_gate_up(x)  # [T, Is] each (views of one output)
         shared = self.shared_down_proj(torch.nn.functional.silu(gate) * up)  # [T, H]
-        return routed.add_(shared.mul_(torch.sigmoid(logits[:, num_experts:])))
+        out = torch.empty_like(x)  # [T, H]: routed + shared * sigmoid(shared gate logit); on the GPU in the experts' last launch
+        return self.experts(x, topk_weights, topk_ids, out=out, shared=(shared, logits[:, num_experts:]))

@@ -283,6 +283,23 @@ for name, (dtype, x, weights, ids) in MOE_CASES.items():
         op = torch.full((x.shape[0], H), float("nan"))
         routed_experts(x, weights, ids, experts.dequantize_gate_up(all_ids, torch.float32), experts.dequantize_down(all_ids, torch.float32), op)
         results["moe_torch_op"][name] = (dtype, rel(run_moe(x, weights, ids), op.double()))
+# the shared expert's output and sigmoid gate added in the slot-sum launch (the MoE block's eager path)
+dtype, x, weights, ids = MOE_CASES["t40-k4-bf16"]
+shared_out = torch.randn(x.shape[0], H, generator=g).to(x.dtype)
+shared_logit = (2.0 * torch.randn(x.shape[0], 3, generator=g))[:, 1:2]  # a column view, as the block passes it
+with_shared = references["t40-k4-bf16"] + shared_out.double() * torch.sigmoid(shared_logit.double())
+out = torch.full((x.shape[0], H), float("nan"), dtype=x.dtype)
+nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out, shared=(shared_out, shared_logit))
+results["moe"]["t40-k4-bf16-shared"] = (dtype, rel(out, with_shared))
+results["moe_wrong"]["shared_not_added|t40-k4-bf16"] = (dtype, rel(run_moe(x, weights, ids), with_shared))
+out = torch.full((x.shape[0], H), float("nan"), dtype=x.dtype)
+nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out, shared=(shared_out, torch.zeros_like(shared_logit) + 30.0))
+results["moe_wrong"]["shared_gate_not_applied|t40-k4-bf16"] = (dtype, rel(out, with_shared))  # sigmoid(30) = 1: the bare output
+try:
+    nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, experts, out, shared=(shared_out[:-1], shared_logit))
+    results["shared_shape_error"] = ""
+except ValueError as error:
+    results["shared_shape_error"] = str(error)
 
 # the block table: every pair exactly once, blocks within one expert's group
 order, table = nvfp4_gemm.block_table(ids, E, 16)
@@ -469,7 +486,7 @@ def test_gemm_rejects_known_wrong_variants(results):
 
 
 def test_moe_matches_the_float64_experts(results):
-    assert len(results["moe"]) == 7
+    assert len(results["moe"]) == 8
     for name, (dtype, error) in results["moe"].items():
         assert error < BOUNDS[dtype], (name, error)
 
@@ -481,7 +498,7 @@ def test_moe_matches_the_torch_op_in_float32(results):
 
 
 def test_moe_rejects_known_wrong_variants(results):
-    assert len(results["moe_wrong"]) == 10
+    assert len(results["moe_wrong"]) == 12
     for name, (dtype, error) in results["moe_wrong"].items():
         assert error > 10 * BOUNDS[dtype], (name, error)
 
@@ -512,6 +529,10 @@ def test_register_decode_matches_the_float64_experts(results):
     for name, (dtype, error) in results["register"].items():
         assert error < BOUNDS[dtype], (name, error)
     assert "must be both MoE plans' decode" in results["register_mixed_error"]
+
+
+def test_moe_shared_addend_must_match_the_output(results):
+    assert "shared expert output must be" in results["shared_shape_error"], results["shared_shape_error"]
 
 
 def test_moe_plans_must_share_the_token_block(results):
@@ -607,6 +628,12 @@ def test_moe_prefill_matches_the_torch_op_on_cuda(swap, decode_moe, fused, monke
     out = torch.full((T, H), float("nan"), dtype=torch.bfloat16, device="cuda")
     nvfp4_moe_prefill(x, weights, ids, experts, out)
     assert _rel(out, expected) < 1e-2
+    shared = torch.randn(T, H, generator=generator).to(torch.bfloat16).cuda() * expected.abs().mean()  # the routed sum's size
+    logit = torch.randn(T, 2, generator=generator).cuda()[:, :1]
+    with_shared = torch.full_like(out, float("nan"))
+    nvfp4_moe_prefill(x, weights, ids, experts, with_shared, shared=(shared, logit))
+    assert _rel(with_shared, expected + shared.float() * torch.sigmoid(logit)) < 1e-2
+    assert _rel(out, expected + shared.float() * torch.sigmoid(logit)) > 5e-2  # the check sees a missing shared term
 
 
 @pytest.mark.cuda
