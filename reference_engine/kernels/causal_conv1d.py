@@ -13,7 +13,8 @@ accumulated), SiLU in float32, rounded once into `out`.
 Launch 1, grid (cdiv(T, BLOCK_T), cdiv(C, BLOCK_C)): each program takes a [BLOCK_T, BLOCK_C] tile of
 tokens and channels. It finds the sequence of each of its tokens on the device by a binary search over
 cu_seqlens (ceil(log2 B) steps, vectorised over the tile's tokens), then loads the K shifted input
-tiles (rows before the sequence start come from its initial state) and writes out.
+tiles (rows before the sequence start come from its initial state) and writes out. A tile whose tokens all sit
+at position K-1 or later (all but the first tile of each sequence) takes a branch that loads inputs only.
 
 Launch 2, grid (B, cdiv(C, BLOCK_C)): final_state[b] = the last K-1 entries of [initial_state[b], x of
 sequence b] (a sequence shorter than K-1 keeps the tail of its initial state; an empty one returns it
@@ -73,21 +74,30 @@ def _conv_kernel(
     position = safe_tokens - tl.load(cu_ptr + seq)  # [BT] position in the sequence
     seq64 = seq.to(tl.int64)
     acc = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)  # 0 + the first product: that product exactly
-    for j in tl.static_range(K):
-        rel = position + (j - (K - 1))  # [BT] position this tap reads; < 0: from the initial state
-        from_x = (rel >= 0) & token_ok
-        from_state = (rel < 0) & token_ok
-        x_rows = (safe_tokens + (j - (K - 1))).to(tl.int64)
-        x_tap = tl.load(x_ptr + x_rows[:, None] * stride_xt + chans[None, :], mask=from_x[:, None] & chan_ok[None, :], other=0.0)
-        # clamped rather than tl.where(from_state, ...): with the search loop, that select fails Triton's sm_90 layout pass
-        slot = tl.minimum(tl.maximum(rel + (K - 1), 0), K - 2).to(tl.int64)  # [BT] index into the K-1 state entries (clamped; used where rel < 0)
-        s_tap = tl.load(
-            state_ptr + (seq64 * stride_sb + slot * stride_sk)[:, None] + chans[None, :].to(tl.int64) * stride_sc,
-            mask=from_state[:, None] & chan_ok[None, :], other=0.0,
-        )
-        u = tl.where(from_x[:, None], x_tap.to(tl.float32), s_tap.to(tl.float32))  # [BT, BC]
-        w = tl.load(w_ptr + chans * K + j, mask=chan_ok, other=0.0).to(tl.float32)  # [BC]
-        acc += u * w[None, :]
+    if tl.min(tl.where(token_ok, position, K - 1), axis=0) >= K - 1:
+        # no tap of this tile reaches before its sequence's start (every tile but the first of each sequence):
+        # inputs only, without the initial-state addresses and loads (a third of the instructions)
+        for j in tl.static_range(K):
+            x_rows = (safe_tokens + (j - (K - 1))).to(tl.int64)
+            x_tap = tl.load(x_ptr + x_rows[:, None] * stride_xt + chans[None, :], mask=token_ok[:, None] & chan_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + chans * K + j, mask=chan_ok, other=0.0).to(tl.float32)  # [BC]
+            acc += x_tap.to(tl.float32) * w[None, :]
+    else:
+        for j in tl.static_range(K):
+            rel = position + (j - (K - 1))  # [BT] position this tap reads; < 0: from the initial state
+            from_x = (rel >= 0) & token_ok
+            from_state = (rel < 0) & token_ok
+            x_rows = (safe_tokens + (j - (K - 1))).to(tl.int64)
+            x_tap = tl.load(x_ptr + x_rows[:, None] * stride_xt + chans[None, :], mask=from_x[:, None] & chan_ok[None, :], other=0.0)
+            # clamped rather than tl.where(from_state, ...): with the search loop, that select fails Triton's sm_90 layout pass
+            slot = tl.minimum(tl.maximum(rel + (K - 1), 0), K - 2).to(tl.int64)  # [BT] index into the K-1 state entries (clamped; used where rel < 0)
+            s_tap = tl.load(
+                state_ptr + (seq64 * stride_sb + slot * stride_sk)[:, None] + chans[None, :].to(tl.int64) * stride_sc,
+                mask=from_state[:, None] & chan_ok[None, :], other=0.0,
+            )
+            u = tl.where(from_x[:, None], x_tap.to(tl.float32), s_tap.to(tl.float32))  # [BT, BC]
+            w = tl.load(w_ptr + chans * K + j, mask=chan_ok, other=0.0).to(tl.float32)  # [BC]
+            acc += u * w[None, :]
     # SiLU in float32 as torch computes it, x / (1 + exp(-x)): on the GPU with CUDA's expf (libdevice) and an
     # IEEE division (Triton's `/` and tl.exp are approximate there); the interpreter has no libdevice.
     if LIBDEVICE_EXP:

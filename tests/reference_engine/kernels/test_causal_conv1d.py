@@ -34,6 +34,8 @@ WRONG_VARIANTS = {
     "boundary_token_in_previous_sequence": (  # the binary search puts a sequence's first token in the sequence before
         "below = tl.load(cu_ptr + mid) <= tokens", "below = tl.load(cu_ptr + mid) < tokens"),
     "silu_missing": ("y = tl.math.div_rn(acc, 1.0 + e)", "y = acc"),
+    "inputs_only_branch_one_token_early": (  # a tile starting at position K-2 skips the initial state (reads the sequence before)
+        "position, K - 1), axis=0) >= K - 1:", "position, K - 1), axis=0) >= K - 2:"),
 }
 
 SCRIPT = r"""
@@ -116,8 +118,12 @@ result["cases"]["kernel-two-bf16"] = measure([1, 4, 2], 24, 2, torch.bfloat16, 6
 result["cases"]["one-long-f32"] = measure([100], 136, 4, torch.float32, 7)
 result["cases"]["strided-f32"] = measure([2, 30], 48, 4, torch.float32, 8, strided=True)
 result["cases"]["no-tokens-in-place-bf16"] = measure([0, 0], 16, 4, torch.bfloat16, 9, in_place=True)
+# token blocks of 32: the block at token 64 starts at position 2 (initial-state branch) or 3 (inputs-only branch) of a sequence
+AT_POSITION_2, AT_POSITION_3 = RAGGED + [14, 40], RAGGED + [13, 40]
+result["cases"]["block-at-position-2-f32"] = measure(AT_POSITION_2, 40, 4, torch.float32, 10)
+result["cases"]["block-at-position-3-f32"] = measure(AT_POSITION_3, 40, 4, torch.float32, 11)
 
-args = inputs(RAGGED, 200, 4, torch.float32, 1)
+args = inputs(AT_POSITION_2, 200, 4, torch.float32, 1)
 ref_out, ref_final = torch.empty(args[0].shape), torch.empty_like(args[3])
 torch_op(*args, ref_out, ref_final)
 for name, (old, new) in WRONG_VARIANTS.items():
@@ -163,7 +169,8 @@ def test_contract_catches_known_wrong_kernel(run, wrong):
     assert all(r["status"] == "INCORRECT_NUMERICAL" for r in found), [(r["case"], r["status"], r.get("message")) for r in found]
 
 
-@pytest.mark.parametrize("case", ["ragged-f32", "nine-sequences-f32", "kernel-three-f32", "one-long-f32", "strided-f32"])
+@pytest.mark.parametrize("case", ["ragged-f32", "nine-sequences-f32", "kernel-three-f32", "one-long-f32", "strided-f32",
+                                  "block-at-position-2-f32", "block-at-position-3-f32"])
 def test_float32_matches_the_torch_op_and_float64(measured, case):
     errors = measured["cases"][case]
     assert errors["unwritten"] == 0 and errors["outside"] == 0, errors
