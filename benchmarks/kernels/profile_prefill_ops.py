@@ -31,10 +31,14 @@ LEAF_PREFIXES = ("aten::copy_", "aten::index", "aten::index_put_", "aten::mul", 
                  "aten::addmm", "aten::gather", "aten::scatter", "aten::sum", "aten::div", "aten::sub", "aten::exp")  # fmt: skip
 
 
-def _frame(stack: list[str]) -> str:
-    for line in stack:
-        if "reference_engine/" in line and "/bench/" not in line:
-            return line.split("reference_engine/", 1)[1]
+def _frame(event) -> str:
+    """The innermost Python frame inside reference_engine/ (not the bench) above a torch op: profiler frames are
+    events named 'path.py(line): function', the op's ancestors when the profile records stacks."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if "reference_engine/" in parent.name and "/bench/" not in parent.name and ".py(" in parent.name:
+            return parent.name.split("reference_engine/", 1)[1]
+        parent = parent.cpu_parent
     return "(outside reference_engine)"
 
 
@@ -43,13 +47,15 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--mode", choices=("eager", "static"), default="eager",
+                        help="eager: the bench's per-kernel prefill table; static: the padded path that prefill graphs capture")
     args = parser.parse_args()
     apply_for_device(torch.cuda.get_device_name())
     presets.PRESETS["profile_layers"] = dataclasses.replace(presets.FULL, num_hidden_layers=args.layers, layer_types=())
     model = presets.build_preset("profile_layers", device="cuda", dtype=torch.bfloat16, quantize="nvfp4", seed=0)
     config = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=1, max_model_len=args.tokens + 8,
                           num_blocks=-(-(args.tokens + 8) // 16), max_num_batched_tokens=max(2048, args.tokens))  # fmt: skip
-    engine = LLMEngine(model, tiny_tokenizer(), config, decode_mode="eager")
+    engine = LLMEngine(model, tiny_tokenizer(), config, decode_mode=args.mode, prefill_graphs=args.mode == "static")
     generator = torch.Generator().manual_seed(0)
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
 
@@ -68,19 +74,36 @@ def main() -> None:
             continue
         if any(child.name.startswith(LEAF_PREFIXES) for child in event.cpu_children):
             continue  # a parent op: its child carries the kernel
-        key = (event.name, _frame(event.stack or []))
+        key = (event.name, _frame(event))
         rows[key][0] += 1
         rows[key][1] += event.device_time_total
     kernels = defaultdict(lambda: [0, 0.0])
     for event in prof.key_averages():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             kernels[event.key[:100]] = [event.count, event.self_device_time_total]
-    lines = [f"one eager prefill of {args.tokens} tokens, {args.layers} layers (full widths), device us per op and calling line"]
+    lines = [f"one {args.mode} prefill of {args.tokens} tokens, {args.layers} layers (full widths), device us per op and calling line"]
     for (name, frame), (count, time_us) in sorted(rows.items(), key=lambda item: -item[1][1]):
         lines.append(f"{time_us:9.1f} us {count:4d} x  {name:28s} {frame}")
     lines.append("kernels:")
     for name, (count, time_us) in sorted(kernels.items(), key=lambda item: -item[1][1])[:40]:
         lines.append(f"{time_us:9.1f} us {count:4d} x  {name}")
+    if args.mode == "static":  # the same padded forward replayed from its graph: GPU time of the replay alone
+        del engine
+        graphs = LLMEngine(model, tiny_tokenizer(), config, decode_mode="graphs")
+        for _ in range(2):  # run, then capture
+            engine = graphs
+            one_prefill()
+        prefill = graphs.runner.prefill_graphs
+        graph = prefill._graphs[max(prefill.captured_buckets)]
+        samples = []
+        for _ in range(7):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+        lines.append(f"graph replay of the same prefill: median {sorted(samples)[3]:.1f} us (kernel sum above: {sum(t for _, t in kernels.values()):.1f} us)")
     text = "\n".join(lines)
     print(text)
     with open(args.out, "w") as handle:
