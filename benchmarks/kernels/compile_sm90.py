@@ -21,6 +21,7 @@ from reference_engine.kernels import (
     dense_gemv,
     gdn_decode,
     gdn_decode_step,
+    gdn_gates,
     moe_decode,
     moe_grouped_half,
     norms,
@@ -94,6 +95,9 @@ def configs():
         yield f"causal conv1d steps={steps}", causal_conv1d._conv_kernel, conv_sig, {"K": 4, "STEPS": steps, "BLOCK_T": causal_conv1d.BLOCK_T, "BLOCK_C": causal_conv1d.BLOCK_C, "LIBDEVICE_EXP": True}
     state_sig = {"x_ptr": "*bf16", "cu_ptr": "*i32", "state_ptr": "*bf16", "final_ptr": "*bf16", "C": I32, "stride_xt": I32, "stride_sb": I32, "stride_sc": I32, "stride_sk": I32, "stride_fb": I32, "stride_fc": I32, "stride_fk": I32}
     yield "causal conv1d final state", causal_conv1d._final_state_kernel, state_sig, {"K": 4, "BLOCK_K": 4, "BLOCK_C": causal_conv1d.BLOCK_C}
+    gates_sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "a_log_ptr": "*fp32", "dt_bias_ptr": "*fp32", "g_ptr": "*fp32", "beta_ptr": "*fp32", "valid_ptr": "*i64", "T": I32, "stride_a": I32, "stride_b": I32}
+    for has_valid in (False, True):
+        yield f"gdn gates valid={has_valid}", gdn_gates._gdn_gates_kernel, gates_sig, {"HV": 32, "BLOCK_T": gdn_gates.BLOCK_T, "BLOCK_H": 32, "HAS_VALID": has_valid, "LIBDEVICE": True}
     for mode in (norms.PLAIN, norms.FUSED_ADD, norms.GATED):
         yield f"norm mode {mode}", norms._rms_norm_kernel, {"x_ptr": "*bf16", "residual_ptr": "*bf16", "z_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "residual_out_ptr": "*bf16", "D": I32, "eps": "fp32", "z_heads": I32, "stride_zt": I32}, {"MODE": mode, "BF16": True, "BLOCK_D": 2048}
 

@@ -31,6 +31,7 @@ BACKENDS = ("torch", "triton")
 EAGER_OPS: dict[str, tuple[Callable, str, str]] = {
     "gdn_chunked_prefill": (linear_attention.gdn_chunked_prefill, "gdn_chunked_prefill", "gdn_chunked_prefill"),
     "causal_conv1d": (linear_attention.causal_conv1d, "causal_conv1d", "causal_conv1d"),
+    "gdn_gates": (linear_attention.gdn_gates, "gdn_gates", "gdn_gates"),
     "gated_rms_norm": (norms.gated_rms_norm, "norms", "gated_rms_norm"),
     "rms_norm": (norms.rms_norm, "norms", "rms_norm"),
     "fused_add_rms_norm": (norms.fused_add_rms_norm, "norms", "fused_add_rms_norm"),

@@ -18,7 +18,7 @@ import torch
 
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
-from reference_engine.model.eager_ops import eager_op
+from reference_engine.model.eager_ops import eager_backend, eager_op
 from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
 from reference_engine.ops.linear_attention import (
@@ -112,11 +112,15 @@ class GatedDeltaNet:
         value = conv_out[:, 2 * key_dim :].reshape(num_tokens, self.num_v_heads, self.v_head_dim)  # [T, Hv, Dv]
         g = torch.empty(num_tokens, self.num_v_heads, dtype=torch.float32, device=x.device)  # [T, Hv]
         beta = torch.empty(num_tokens, self.num_v_heads, dtype=torch.float32, device=x.device)  # [T, Hv]
-        gdn_gates(a, b, self.A_log, self.dt_bias, g=g, beta=beta)
-        if valid is not None:  # padding rows: decay exp(0) = 1 and beta 0 leave the state exactly as the prompt left it
-            keep = (torch.arange(num_tokens, device=x.device) < valid).to(torch.float32)[:, None]  # [T, 1]
-            g.mul_(keep)
-            beta.mul_(keep)
+        # padding rows (valid set): decay exp(0) = 1 and beta 0 leave the state exactly as the prompt left it
+        if eager_backend("gdn_gates", a) == "triton":  # one launch; padding rows zeroed in it
+            eager_op("gdn_gates", a)(a, b, self.A_log, self.dt_bias, g=g, beta=beta, **({} if valid is None else {"valid_tokens": valid}))
+        else:
+            gdn_gates(a, b, self.A_log, self.dt_bias, g=g, beta=beta)
+            if valid is not None:
+                keep = (torch.arange(num_tokens, device=x.device) < valid).to(torch.float32)[:, None]  # [T, 1]
+                g.mul_(keep)
+                beta.mul_(keep)
 
         core = torch.empty(num_tokens, self.num_v_heads, self.v_head_dim, dtype=x.dtype, device=x.device)  # [T, Hv, Dv]
         state_out = torch.empty_like(state_in)  # [B, Hv, Dk, Dv]

@@ -145,6 +145,16 @@ def causal_conv1d_update(
 # ---------------------------------------------------------------------------------------------- gates
 
 
+def check_gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> None:
+    """The gdn-gates contract's input checks (shared with the Triton kernel)."""
+    _require(a.dim() == 2 and a.shape == b.shape, f"a and b must both be [T, Hv], got {tuple(a.shape)} and {tuple(b.shape)}")
+    _require(a.dtype == b.dtype, f"a and b must share a dtype, got {a.dtype} and {b.dtype}")
+    num_v_heads = a.shape[1]
+    _require(tuple(A_log.shape) == (num_v_heads,) and tuple(dt_bias.shape) == (num_v_heads,), f"A_log and dt_bias must be [Hv={num_v_heads}], got {tuple(A_log.shape)} and {tuple(dt_bias.shape)}")
+    _check_out(g, tuple(a.shape), torch.float32, "g")
+    _check_out(beta, tuple(a.shape), torch.float32, "beta")
+
+
 @satisfies("linear-attention/gdn-gates", major=1)
 def gdn_gates(
     a: torch.Tensor,  # [T, Hv]
@@ -155,12 +165,7 @@ def gdn_gates(
     beta: torch.Tensor,  # [T, Hv] float32
 ) -> None:
     """g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), both in float32."""
-    _require(a.dim() == 2 and a.shape == b.shape, f"a and b must both be [T, Hv], got {tuple(a.shape)} and {tuple(b.shape)}")
-    _require(a.dtype == b.dtype, f"a and b must share a dtype, got {a.dtype} and {b.dtype}")
-    num_v_heads = a.shape[1]
-    _require(tuple(A_log.shape) == (num_v_heads,) and tuple(dt_bias.shape) == (num_v_heads,), f"A_log and dt_bias must be [Hv={num_v_heads}], got {tuple(A_log.shape)} and {tuple(dt_bias.shape)}")
-    _check_out(g, tuple(a.shape), torch.float32, "g")
-    _check_out(beta, tuple(a.shape), torch.float32, "beta")
+    check_gdn_gates(a, b, A_log, dt_bias, g, beta)
     torch.mul(-torch.exp(A_log.float()), F.softplus(a.float() + dt_bias.float()), out=g)  # written in place: no copy launch
     torch.sigmoid(b.float(), out=beta)
 
