@@ -57,12 +57,35 @@ class GatedAttention:
         ops.paged_decode_gated(query, k_cache, v_cache, batch.block_tables, batch.seq_lens, q_gate, out=gated, scale=head_dim**-0.5)
         return self.o_proj(gated, ops)
 
+    def _prefill_fused(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
+        """Eager prefill with the Triton kernels (the GPU, or a forced backend): the stacked q/k/v GEMM, the decode
+        path's prep launch for every token (norms, RoPE, K/V into the cache; `kernels.attention_prep`), fused attention
+        over the cache, the output gate read in place from the q_proj output, o_proj. The composed path below spends
+        about twenty launches (split, two norms, two rotations, K/V writes) where the prep spends one."""
+        from reference_engine.kernels.attention_prep import attention_decode_prep
+
+        num_tokens, heads, head_dim = x.shape[0], self.num_heads, self.head_dim
+        q_gate, key, value = self.qkv(x)  # [T, Hq*2D], [T, Hkv*D], [T, Hkv*D] (views of one output)
+        k_cache, v_cache = caches.k_cache[self.layer_index], caches.v_cache[self.layer_index]
+        query = torch.empty(num_tokens, heads, head_dim, dtype=x.dtype, device=x.device)  # [T, Hq, D]
+        attention_decode_prep(q_gate, key, value, self.q_norm, self.k_norm, batch.positions, k_cache, v_cache, batch.slot_mapping,
+                              query_out=query, eps=self.eps, rotary_dim=self.rotary_dim, theta=self.rope_theta)  # fmt: skip
+        attended = torch.empty_like(query)  # [T, Hq, D]
+        prefill = paged_prefill_sdpa if x.is_cuda else paged_prefill
+        prefill(query, k_cache, v_cache, batch.block_tables, batch.cu_seqlens_q, batch.seq_lens, out=attended, scale=head_dim**-0.5)
+        gate = q_gate.unflatten(1, (heads, 2, head_dim))[:, :, 1]  # [T, Hq, D]: each head's second half, in place
+        gated = torch.empty(num_tokens, heads * head_dim, dtype=x.dtype, device=x.device)  # [T, Hq * D]
+        output_gate(attended, gate, out=gated.view(num_tokens, heads, head_dim))
+        return self.o_proj(gated)
+
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """x [T, H] -> [T, H]; writes the new tokens' K/V into this layer's cache."""
         num_tokens, heads, kv_heads, head_dim = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
         if ops is not None and self.qkv is not None:
             return self._decode_fused(x, batch, caches, ops)
+        if ops is None and not batch.is_decode and self.qkv is not None and triton_allowed(x):
+            return self._prefill_fused(x, batch, caches)
         norm = ops.rms_norm if ops is not None else eager_op("rms_norm", x)
         query_gate = self.q_proj(x, ops)  # [T, Hq * 2D]
         query = torch.empty(num_tokens, heads, head_dim, dtype=x.dtype, device=x.device)  # [T, Hq, D]
