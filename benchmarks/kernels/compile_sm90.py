@@ -90,11 +90,12 @@ def configs():
     for dtype, ieee in (("*bf16", False), ("*fp32", True)):
         yield f"paged split {dtype}", paged_decode._paged_split_kernel, {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "tables_ptr": "*i32", "lens_ptr": "*i32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "scale": "fp32", "MAX_BLOCKS": I32, "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BS": 16, "TOKENS_PER_SPLIT": 64, "BLOCK_T": 16, "BLOCK_G": 16, "BLOCK_D": 256, "IEEE": ieee}
     yield "paged combine", paged_decode._combine_kernel, {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "out_ptr": "*bf16", "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BLOCK_S": 64, "BLOCK_G": 16, "BLOCK_D": 256}
-    conv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "cu_ptr": "*i32", "state_ptr": "*bf16", "out_ptr": "*bf16", "T": I32, "C": I32, "num_seqs": I32, "stride_xt": I32, "stride_ot": I32, "stride_sb": I32, "stride_sc": I32, "stride_sk": I32}
-    for steps in (0, 1, 2, 6):  # B = 1 (no search), 2, 3 or 4, up to 64
-        yield f"causal conv1d steps={steps}", causal_conv1d._conv_kernel, conv_sig, {"K": 4, "STEPS": steps, "BLOCK_T": causal_conv1d.BLOCK_T, "BLOCK_C": causal_conv1d.BLOCK_C, "LIBDEVICE_EXP": True}
-    state_sig = {"x_ptr": "*bf16", "cu_ptr": "*i32", "state_ptr": "*bf16", "final_ptr": "*bf16", "C": I32, "stride_xt": I32, "stride_sb": I32, "stride_sc": I32, "stride_sk": I32, "stride_fb": I32, "stride_fc": I32, "stride_fk": I32}
-    yield "causal conv1d final state", causal_conv1d._final_state_kernel, state_sig, {"K": 4, "BLOCK_K": 4, "BLOCK_C": causal_conv1d.BLOCK_C}
+    conv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "cu_ptr": "*i32", "state_ptr": "*bf16", "out_ptr": "*bf16", "slots_ptr": "*i64", "has_ptr": "*i1", "T": I32, "C": I32, "num_seqs": I32, "stride_xt": I32, "stride_ot": I32, "stride_sb": I32, "stride_sc": I32, "stride_sk": I32}
+    for steps, pool in ((0, False), (1, False), (2, False), (6, False), (0, True), (6, True)):  # B = 1 (no search), 2, 3 or 4, up to 64; states in pools
+        yield f"causal conv1d steps={steps} pool={pool}", causal_conv1d._conv_kernel, conv_sig, {"K": 4, "STEPS": steps, "BLOCK_T": causal_conv1d.BLOCK_T, "BLOCK_C": causal_conv1d.BLOCK_C, "LIBDEVICE_EXP": True, "POOL": pool}
+    state_sig = {"x_ptr": "*bf16", "cu_ptr": "*i32", "state_ptr": "*bf16", "final_ptr": "*bf16", "slots_ptr": "*i64", "has_ptr": "*i1", "valid_ptr": "*i64", "C": I32, "stride_xt": I32, "stride_sb": I32, "stride_sc": I32, "stride_sk": I32, "stride_fb": I32, "stride_fc": I32, "stride_fk": I32}
+    for pool, valid in ((False, False), (True, True)):
+        yield f"causal conv1d final state pool={pool} valid={valid}", causal_conv1d._final_state_kernel, state_sig, {"K": 4, "BLOCK_K": 4, "BLOCK_C": causal_conv1d.BLOCK_C, "POOL": pool, "HAS_VALID": valid}
     gates_sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "a_log_ptr": "*fp32", "dt_bias_ptr": "*fp32", "g_ptr": "*fp32", "beta_ptr": "*fp32", "valid_ptr": "*i64", "T": I32, "stride_a": I32, "stride_b": I32}
     for has_valid in (False, True):
         yield f"gdn gates valid={has_valid}", gdn_gates._gdn_gates_kernel, gates_sig, {"HV": 32, "BLOCK_T": gdn_gates.BLOCK_T, "BLOCK_H": 32, "HAS_VALID": has_valid, "LIBDEVICE": True}

@@ -249,10 +249,10 @@ def _scan_step(q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, out_ptr, chunk_start_pt
 @triton.jit
 def _gdn_chunk_scan_kernel(
     q_ptr, k_ptr, w_ptr, u_ptr, p_ptr, f_ptr, chunk_start_ptr, chunk_len_ptr, seq_first_ptr, seq_count_ptr,
-    state_ptr, out_ptr, final_state_ptr, max_steps, stride_qt, stride_qh, stride_kt, stride_kh,
+    state_ptr, out_ptr, final_state_ptr, max_steps, stride_qt, stride_qh, stride_kt, stride_kh, slots_ptr, has_ptr,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_V: tl.constexpr,
-    PRECISION: tl.constexpr, STAGES: tl.constexpr = 0, INTERPRETED: tl.constexpr = False,
+    PRECISION: tl.constexpr, STAGES: tl.constexpr = 0, INTERPRETED: tl.constexpr = False, POOL: tl.constexpr = False,
 ):
     """Per (sequence b, value head h, column block): the chunks of b in order, S [Dk, BLOCK_V] in registers.
 
@@ -269,13 +269,18 @@ def _gdn_chunk_scan_kernel(
     lo = tl.arange(0, HALF)
     hi = HALF + tl.arange(0, HALF)
     col_ok = cols < DV
-    state_base = (seq * HV + head) * DK * DV
+    row = seq
+    has_state = True
+    if POOL:  # states as rows of a pool: sequence b's is row slots[b]; without a state it starts from zeros
+        row = tl.load(slots_ptr + seq).to(tl.int64)
+        has_state = tl.load(has_ptr + seq) != 0
+    state_base = (row * HV + head) * DK * DV
     lo_offsets = state_base + lo[:, None] * DV + cols[None, :]
     hi_offsets = state_base + hi[:, None] * DV + cols[None, :]
     lo_mask = (lo < DK)[:, None] & col_ok[None, :]
     hi_mask = (hi < DK)[:, None] & col_ok[None, :]
-    s_lo = tl.load(state_ptr + lo_offsets, mask=lo_mask, other=0.0)  # [HALF, BV]
-    s_hi = tl.load(state_ptr + hi_offsets, mask=hi_mask, other=0.0)  # [HALF, BV]
+    s_lo = tl.load(state_ptr + lo_offsets, mask=lo_mask & has_state, other=0.0)  # [HALF, BV]
+    s_hi = tl.load(state_ptr + hi_offsets, mask=hi_mask & has_state, other=0.0)  # [HALF, BV]
     first = tl.load(seq_first_ptr + seq)
     count = tl.load(seq_count_ptr + seq)
     strides = (stride_qt, stride_qh, stride_kt, stride_kh)
@@ -349,21 +354,41 @@ def gdn_chunked_prefill(
     out: torch.Tensor,  # [T, Hv, Dv]
     final_state: torch.Tensor,  # [B, Hv, Dk, Dv] float32 (may be `initial_state`)
     chunk_size: int = 64,
+    state_slots: torch.Tensor | None = None,  # [B] integer (device): initial_state / final_state are pools [S, Hv, Dk, Dv]
+    has_initial_state: torch.Tensor | None = None,  # [B] bool (device), with state_slots: False starts from zeros
 ) -> None:
     """The gated delta rule over a ragged batch, chunk by chunk (WY/UT form, fp32), in two Triton launches.
 
     Validates like the torch op (one host read of `cu_seqlens`, as there). Chunk sizes above
-    MAX_CHUNK run at MAX_CHUNK (the result does not depend on the chunk size)."""
+    MAX_CHUNK run at MAX_CHUNK (the result does not depend on the chunk size). Beyond the contract, for the model's
+    prefill (no gather or scatter launches around the op): with `state_slots` and `has_initial_state`, sequence b's
+    state is row state_slots[b] of the contiguous pools `initial_state` / `final_state` (zeros where
+    has_initial_state[b] is False; the two may be one pool)."""
     tokens, num_k_heads, k_dim, num_v_heads, v_dim = _check_qkv(query, key, value, g, beta)
     _require(isinstance(chunk_size, int) and chunk_size >= 1, f"chunk_size must be a positive integer, got {chunk_size!r}")
     num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens.dim() == 1 else -1
-    _check_out(initial_state, (num_seqs, num_v_heads, k_dim, v_dim), torch.float32, "initial_state")
-    _check_out(final_state, (num_seqs, num_v_heads, k_dim, v_dim), torch.float32, "final_state")
+    pool = state_slots is not None
+    _require(pool == (has_initial_state is not None), "state_slots and has_initial_state go together")
+    if pool:
+        _require(state_slots.dim() == 1 and state_slots.shape[0] == num_seqs and not state_slots.is_floating_point()
+                 and tuple(has_initial_state.shape) == (num_seqs,) and has_initial_state.dtype == torch.bool,
+                 f"state_slots must be integer [B={num_seqs}] and has_initial_state bool [B], got {state_slots.dtype} {tuple(state_slots.shape)} "
+                 f"and {has_initial_state.dtype} {tuple(has_initial_state.shape)}")  # fmt: skip
+        for name, tensor in (("initial_state", initial_state), ("final_state", final_state)):
+            _require(tensor.dim() == 4 and tuple(tensor.shape[1:]) == (num_v_heads, k_dim, v_dim) and tensor.dtype == torch.float32 and tensor.is_contiguous(),
+                     f"{name} must be a contiguous float32 pool [S, Hv={num_v_heads}, Dk={k_dim}, Dv={v_dim}], got {tensor.dtype} {tuple(tensor.shape)}")  # fmt: skip
+    else:
+        _check_out(initial_state, (num_seqs, num_v_heads, k_dim, v_dim), torch.float32, "initial_state")
+        _check_out(final_state, (num_seqs, num_v_heads, k_dim, v_dim), torch.float32, "final_state")
     _check_out(out, (tokens, num_v_heads, v_dim), value.dtype, "out")
     offsets = _check_cu_seqlens(cu_seqlens, tokens)
-    require_launchable(query, key, value, g, beta, cu_seqlens, initial_state, out, final_state)
+    require_launchable(query, key, value, g, beta, cu_seqlens, initial_state, out, final_state, *((state_slots, has_initial_state) if pool else ()))
     if tokens == 0:
-        final_state.copy_(initial_state)
+        if pool:  # every sequence keeps its state (zeros without one)
+            rows = initial_state[state_slots]
+            final_state.index_copy_(0, state_slots, rows.masked_fill(~has_initial_state[:, None, None, None], 0.0))
+        else:
+            final_state.copy_(initial_state)
         return
 
     chunk = min(chunk_size, MAX_CHUNK)
@@ -397,9 +422,9 @@ def gdn_chunked_prefill(
     result = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     _gdn_chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(v_dim, block_v))](
         q_in, k_in, w, u, p, f, chunk_start, chunk_len, seq_first, seq_count, source, result, target, max_steps,
-        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1),
+        q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), state_slots if pool else chunk_start, has_initial_state if pool else chunk_start,
         HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_DV=block_dv, BLOCK_V=block_v,
-        PRECISION=precision, STAGES=SCAN_STAGES, INTERPRETED=interpreting(), num_warps=NUM_WARPS if block_k * block_v >= 128 * 32 else 4,
+        PRECISION=precision, STAGES=SCAN_STAGES, INTERPRETED=interpreting(), POOL=pool, num_warps=NUM_WARPS if block_k * block_v >= 128 * 32 else 4,
     )
     if target is not final_state:
         final_state.copy_(target)

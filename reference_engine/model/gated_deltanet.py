@@ -6,8 +6,10 @@ gates g, beta -> delta-rule recurrence (state [Hv, Dk, Dv] float32; the op L2-no
 state slots (zeros on a sequence's first chunk), updated by the ops, and scattered back. The static
 (CUDA-graph) decode path, `batch.ops` set, instead calls `ops.gdn_decode_step`, which does the whole
 step between the projections with the states updated in place in the pools. The eager path picks each
-op through `model.eager_ops.eager_op`: on CUDA the Triton causal conv1d, chunked prefill and gated RMSNorm
-kernels (where Triton imports), on the CPU the torch ops.
+op through `model.eager_ops.eager_op`: on CUDA the Triton causal conv1d, gates, chunked prefill and gated RMSNorm
+kernels (where Triton imports), on the CPU the torch ops. A prefill on the Triton kernels passes the pools and the
+slots to them (`_prefill_in_pools`: no gather, mask or scatter launches; a padded graph prefill's padding handled
+inside the conv and gates launches); the torch ops gather and scatter (`_composed`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from reference_engine.ops.linear_attention import (
     gdn_gates,
     gdn_recurrent_decode,
 )
+
+_POOLED_OPS = ("causal_conv1d", "gdn_gates", "gdn_chunked_prefill")  # a prefill on these Triton kernels keeps its states in the pools
 
 
 def _last_conv_inputs(mixed: torch.Tensor, conv_in: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -81,7 +85,6 @@ class GatedDeltaNet:
     def __call__(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """x [T, H] -> [T, H]; reads and writes this layer's conv and recurrent states at batch.state_slots."""
         num_tokens = x.shape[0]
-        key_dim = self.num_k_heads * self.k_head_dim
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
         if ops is not None and batch.is_decode:  # static decode (T = B): one fused op, both states updated in place at the slots
             mixed, z_flat, b, a = self._projections(x, ops)  # [T, C], [T, Hv*Dv], [T, Hv], [T, Hv] (views)
@@ -94,35 +97,41 @@ class GatedDeltaNet:
             return self.out_proj(core, ops)
         mixed, z_flat, b, a = self._projections(x, ops)  # [T, C], [T, Hv * Dv], [T, Hv], [T, Hv] (views of two stacked outputs)
         z = z_flat.view(num_tokens, self.num_v_heads, self.v_head_dim)  # [T, Hv, Dv]
-        conv_in, state_in = self._initial_states(batch, caches)
-
+        valid = getattr(batch, "valid_tokens", None)  # a padded prefill (prefill_graphs.py): rows valid.. are padding
         conv_out = torch.empty_like(mixed)  # [T, C]
+        g = torch.empty(num_tokens, self.num_v_heads, dtype=torch.float32, device=x.device)  # [T, Hv]
+        beta = torch.empty(num_tokens, self.num_v_heads, dtype=torch.float32, device=x.device)  # [T, Hv]
+        core = torch.empty(num_tokens, self.num_v_heads, self.v_head_dim, dtype=x.dtype, device=x.device)  # [T, Hv, Dv]
+        if not batch.is_decode and all(eager_backend(name, mixed) == "triton" for name in _POOLED_OPS):
+            self._prefill_in_pools(mixed, a, b, batch, caches, conv_out, g, beta, core, valid)
+        else:
+            self._composed(mixed, a, b, batch, caches, conv_out, g, beta, core, valid)
+        normed = torch.empty_like(core)  # [T, Hv, Dv]
+        eager_op("gated_rms_norm", core)(core, z, self.norm_weight, out=normed, eps=self.eps)  # z: a view of the stacked output
+        return self.out_proj(normed.view(num_tokens, self.num_v_heads * self.v_head_dim), ops)
+
+    def _composed(self, mixed, a, b, batch: ForwardBatch, caches: ModelCaches, conv_out, g, beta, core, valid) -> None:
+        """Gather the states at the batch's slots (zeros for fresh sequences), run the ops, scatter the states back."""
+        num_tokens = mixed.shape[0]
+        conv_in, state_in = self._initial_states(batch, caches)
         conv_state_out = torch.empty_like(conv_in)  # [B, C, K-1]
         if batch.is_decode:
             causal_conv1d_update(mixed, self.conv_weight, conv_in, out=conv_out, conv_state_out=conv_state_out)
         else:
             eager_op("causal_conv1d", mixed)(mixed, self.conv_weight, batch.cu_seqlens_q, conv_in, out=conv_out, final_state=conv_state_out)
-        valid = getattr(batch, "valid_tokens", None)  # a padded prefill (prefill_graphs.py): rows valid.. are padding
         if valid is not None:
             conv_state_out.copy_(_last_conv_inputs(mixed, conv_in, valid))
         caches.conv_state[self.layer_index][batch.state_slots] = conv_state_out
-
-        query = conv_out[:, :key_dim].reshape(num_tokens, self.num_k_heads, self.k_head_dim)  # [T, Hk, Dk]
-        key = conv_out[:, key_dim : 2 * key_dim].reshape(num_tokens, self.num_k_heads, self.k_head_dim)  # [T, Hk, Dk]
-        value = conv_out[:, 2 * key_dim :].reshape(num_tokens, self.num_v_heads, self.v_head_dim)  # [T, Hv, Dv]
-        g = torch.empty(num_tokens, self.num_v_heads, dtype=torch.float32, device=x.device)  # [T, Hv]
-        beta = torch.empty(num_tokens, self.num_v_heads, dtype=torch.float32, device=x.device)  # [T, Hv]
+        query, key, value = self._heads(conv_out)
         # padding rows (valid set): decay exp(0) = 1 and beta 0 leave the state exactly as the prompt left it
         if eager_backend("gdn_gates", a) == "triton":  # one launch; padding rows zeroed in it
             eager_op("gdn_gates", a)(a, b, self.A_log, self.dt_bias, g=g, beta=beta, **({} if valid is None else {"valid_tokens": valid}))
         else:
             gdn_gates(a, b, self.A_log, self.dt_bias, g=g, beta=beta)
             if valid is not None:
-                keep = (torch.arange(num_tokens, device=x.device) < valid).to(torch.float32)[:, None]  # [T, 1]
+                keep = (torch.arange(num_tokens, device=mixed.device) < valid).to(torch.float32)[:, None]  # [T, 1]
                 g.mul_(keep)
                 beta.mul_(keep)
-
-        core = torch.empty(num_tokens, self.num_v_heads, self.v_head_dim, dtype=x.dtype, device=x.device)  # [T, Hv, Dv]
         state_out = torch.empty_like(state_in)  # [B, Hv, Dk, Dv]
         if batch.is_decode:
             gdn_recurrent_decode(query, key, value, g, beta, state_in, out=core, state_out=state_out)
@@ -131,6 +140,22 @@ class GatedDeltaNet:
             prefill(query, key, value, g, beta, batch.cu_seqlens_q, state_in, out=core, final_state=state_out)
         caches.recurrent_state[self.layer_index][batch.state_slots] = state_out
 
-        normed = torch.empty_like(core)  # [T, Hv, Dv]
-        eager_op("gated_rms_norm", core)(core, z, self.norm_weight, out=normed, eps=self.eps)  # z: a view of the stacked output
-        return self.out_proj(normed.view(num_tokens, self.num_v_heads * self.v_head_dim), ops)
+    def _prefill_in_pools(self, mixed, a, b, batch: ForwardBatch, caches: ModelCaches, conv_out, g, beta, core, valid) -> None:
+        """A prefill on the Triton kernels with both states read and written in place in the pools at the batch's slots
+        (fresh sequences read zeros inside the kernels) and the padding of a graph prefill handled by `valid_tokens`
+        in the conv and gates launches: none of the composed path's gather, mask and scatter launches."""
+        padding = {} if valid is None else {"valid_tokens": valid}
+        slots = {"state_slots": batch.state_slots, "has_initial_state": batch.has_initial_state}
+        conv_pool, state_pool = caches.conv_state[self.layer_index], caches.recurrent_state[self.layer_index]
+        eager_op("causal_conv1d", mixed)(mixed, self.conv_weight, batch.cu_seqlens_q, conv_pool, out=conv_out, final_state=conv_pool, **slots, **padding)
+        query, key, value = self._heads(conv_out)
+        eager_op("gdn_gates", a)(a, b, self.A_log, self.dt_bias, g=g, beta=beta, **padding)
+        eager_op("gdn_chunked_prefill", query)(query, key, value, g, beta, batch.cu_seqlens_q, state_pool, out=core, final_state=state_pool, **slots)
+
+    def _heads(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """query, key [T, Hk, Dk] and value [T, Hv, Dv]: views of the conv output's column ranges."""
+        num_tokens, key_dim = conv_out.shape[0], self.num_k_heads * self.k_head_dim
+        query = conv_out[:, :key_dim].reshape(num_tokens, self.num_k_heads, self.k_head_dim)
+        key = conv_out[:, key_dim : 2 * key_dim].reshape(num_tokens, self.num_k_heads, self.k_head_dim)
+        value = conv_out[:, 2 * key_dim :].reshape(num_tokens, self.num_v_heads, self.v_head_dim)
+        return query, key, value

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from tests.reference_engine.kernels.kernel_interpreter import run_script
 
 F32_BOUND = 1e-5  # rel_fro, float32 (one rounding in the prep kernel against two in the composed ops)

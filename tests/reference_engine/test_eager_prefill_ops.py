@@ -169,13 +169,13 @@ measured = {"float32": compare(torch.float32, 1)}
 measured["calls"] = dict(calls)
 measured["bfloat16"] = compare(torch.bfloat16, 2)
 
-def drops_decay(query, key, value, g, beta, cu_seqlens, initial_state, out, final_state, chunk_size=64):
-    real_prefill(query, key, value, torch.zeros_like(g), beta, cu_seqlens, initial_state, out=out, final_state=final_state)
+def drops_decay(query, key, value, g, beta, cu_seqlens, initial_state, out, final_state, chunk_size=64, **pools):
+    real_prefill(query, key, value, torch.zeros_like(g), beta, cu_seqlens, initial_state, out=out, final_state=final_state, **pools)
 
-def moves_a_boundary(query, key, value, g, beta, cu_seqlens, initial_state, out, final_state, chunk_size=64):
+def moves_a_boundary(query, key, value, g, beta, cu_seqlens, initial_state, out, final_state, chunk_size=64, **pools):
     moved = cu_seqlens.clone()
     moved[1] += 1  # the first sequence takes the second one's first token
-    real_prefill(query, key, value, g, beta, moved, initial_state, out=out, final_state=final_state)
+    real_prefill(query, key, value, g, beta, moved, initial_state, out=out, final_state=final_state, **pools)
 
 for wrong in (drops_decay, moves_a_boundary):
     kernel_module.gdn_chunked_prefill = wrong

@@ -34,6 +34,7 @@ WRONG_VARIANTS = {
     "boundary_token_in_previous_sequence": (  # the binary search puts a sequence's first token in the sequence before
         "below = tl.load(cu_ptr + mid) <= tokens", "below = tl.load(cu_ptr + mid) < tokens"),
     "silu_missing": ("y = tl.math.div_rn(acc, 1.0 + e)", "y = acc"),
+    "pool_state_read_without_has": ("from_state = (rel < 0) & token_ok & token_has", "from_state = (rel < 0) & token_ok"),
     "inputs_only_branch_one_token_early": (  # a tile starting at position K-2 skips the initial state (reads the sequence before)
         "position, K - 1), axis=0) >= K - 1:", "position, K - 1), axis=0) >= K - 2:"),
 }
@@ -123,10 +124,38 @@ AT_POSITION_2, AT_POSITION_3 = RAGGED + [14, 40], RAGGED + [13, 40]
 result["cases"]["block-at-position-2-f32"] = measure(AT_POSITION_2, 40, 4, torch.float32, 10)
 result["cases"]["block-at-position-3-f32"] = measure(AT_POSITION_3, 40, 4, torch.float32, 11)
 
+# the model's prefill form: states as rows of a pool (slots, has_initial_state), padding after valid_tokens
+def pooled(lengths, slots, has, valid=None, seed=12, channels=40, module=kernel_module):
+    x, weight, cu, state = inputs(lengths, channels, 4, torch.float32, seed)
+    pool = torch.full((5, channels, 3), float("nan"))  # unused rows stay NaN; used rows hold states
+    pool[slots] = state
+    given = torch.where(torch.tensor(has)[:, None, None], state, torch.zeros_like(state))  # what the sequences start from
+    real_cu = cu.clone()
+    if valid is not None:  # one sequence whose rows from `valid` on are padding: the reference sees the valid prefix only
+        real_cu = torch.tensor([0, valid], dtype=torch.int32)
+    ref_out, ref_final = torch.empty(x.shape), torch.empty_like(state)
+    torch_op(x[: real_cu[-1]], weight, real_cu, given, ref_out[: real_cu[-1]], ref_final)
+    out = torch.full(x.shape, float("nan"))
+    extra = {} if valid is None else {"valid_tokens": torch.tensor([valid])}
+    module.causal_conv1d(x, weight, cu, pool, out, pool, state_slots=torch.tensor(slots), has_initial_state=torch.tensor(has), **extra)
+    untouched = [r for r in range(5) if r not in slots]
+    return {"out_vs_torch": rel(out[: real_cu[-1]], ref_out[: real_cu[-1]]), "state_vs_torch": rel(pool[slots], ref_final),
+            "unused_rows_untouched": bool(pool[untouched].isnan().all()), "unwritten": int(out[: real_cu[-1]].isnan().sum())}
+result["pool"] = {
+    "two-sequences": pooled([2, 37], [3, 1], [True, False]),  # the second starts from zeros, not its row
+    "short-first-fresh": pooled([1, 9], [0, 4], [False, True]),  # a sequence shorter than K-1: its final state mixes zeros in
+    "valid-30-of-64": pooled([64], [2], [False], valid=30),
+    "valid-2-of-32": pooled([32], [2], [True], valid=2),  # fewer valid inputs than K-1: the final state keeps state entries
+}
+
 args = inputs(AT_POSITION_2, 200, 4, torch.float32, 1)
 ref_out, ref_final = torch.empty(args[0].shape), torch.empty_like(args[3])
 torch_op(*args, ref_out, ref_final)
 for name, (old, new) in WRONG_VARIANTS.items():
+    if name.startswith("pool_"):  # a pooled-state variant: measured on the pooled case it would break
+        errors = pooled([2, 37], [3, 1], [True, False], module=wrong_module(name, old, new))
+        result["wrong"][name] = {"out_vs_torch": max(errors["out_vs_torch"], errors["state_vs_torch"])}
+        continue
     out, final, _ = run(wrong_module(name, old, new), args)
     result["wrong"][name] = {"out_vs_torch": rel(out, ref_out), "state_equal_torch": bool(torch.equal(final, ref_final))}
 print("RESULT" + json.dumps(result))
@@ -190,6 +219,13 @@ def test_bfloat16_matches_the_torch_op(measured, case):
 def test_no_tokens_returns_the_initial_state(measured):
     errors = measured["cases"]["no-tokens-in-place-bf16"]
     assert errors["unwritten"] == 0 and errors["state_equal_torch"] and errors["state_equal_float64_ref"], errors
+
+
+@pytest.mark.parametrize("case", ["two-sequences", "short-first-fresh", "valid-30-of-64", "valid-2-of-32"])
+def test_pooled_states_and_padding_match_the_torch_op(measured, case):
+    errors = measured["pool"][case]
+    assert errors["unwritten"] == 0 and errors["unused_rows_untouched"], errors
+    assert errors["out_vs_torch"] < F32_BOUND and errors["state_vs_torch"] < F32_BOUND, errors
 
 
 @pytest.mark.parametrize("wrong", sorted(WRONG_VARIANTS))

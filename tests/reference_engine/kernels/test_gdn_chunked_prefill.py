@@ -31,6 +31,8 @@ WRONG_VARIANTS = {
     "no_decay_across_chunks": ("dtype=tl.float32) + tl.exp(c_last))", "dtype=tl.float32) + 1.0)"),  # S not decayed between chunks
     "beta_missing_in_state_keys": (  # W = T (k exp(c)) without beta
         "key_weights = k_scale_rows * beta * tl.exp(c)", "key_weights = k_scale_rows * tl.exp(c)"),
+    "pool_has_initial_state_ignored": (  # a fresh sequence starts from its pool row instead of zeros
+        "mask=lo_mask & has_state, other=0.0)", "mask=lo_mask, other=0.0)"),
     "blocked_inverse_series_short": (  # (I + N)^-1 without its N^3 term: tiny on random keys, large on repeated ones
         "return tl.dot(eye - n + n2 - n3, tb", "return tl.dot(eye - n + n2, tb"),
 }
@@ -155,8 +157,30 @@ rec_out, rec_final = recurrent(*args)
 result["cases"]["repeated-keys-f32-chunk64"] = {"unwritten": int(out.isnan().sum() + final.isnan().sum()), "out_vs_torch": rel(out, ref_out),
                                                  "state_vs_torch": rel(final, ref_final), "out_vs_recurrent": rel(out, rec_out), "state_vs_recurrent": rel(final, rec_final)}
 
+# the model's prefill form: states as rows of a pool, read and written in place (state_slots, has_initial_state)
+def pooled(module, lengths, slots, has, seed, stages):
+    module.SCAN_STAGES = stages
+    q, k, v, g, beta, cu, state = inputs(lengths, torch.float32, seed)
+    pool = torch.full((5, *state.shape[1:]), float("nan"))
+    pool[slots] = state  # every used row holds a state, also the fresh sequences' rows (which must not be read)
+    given = torch.where(torch.tensor(has)[:, None, None, None], state, torch.zeros_like(state))
+    ref_out, ref_final = torch.empty_like(v), torch.empty_like(state)
+    torch_op(q, k, v, g, beta, cu, given, ref_out, ref_final, chunk_size=16)
+    out = torch.full(v.shape, float("nan"))
+    module.gdn_chunked_prefill(q, k, v, g, beta, cu, pool, out, pool, chunk_size=16, state_slots=torch.tensor(slots), has_initial_state=torch.tensor(has))
+    module.SCAN_STAGES = 0
+    untouched = [r for r in range(5) if r not in slots]
+    return {"out_vs_torch": rel(out, ref_out), "state_vs_torch": rel(pool[slots], ref_final), "unwritten": int(out.isnan().sum()),
+            "unused_rows_untouched": bool(pool[untouched].isnan().all())}
+POOLED = ([17, 0, 23], [3, 1, 0], [True, False, False])
+result["pool"] = {f"stages{stages}": pooled(kernel_module, *POOLED, 12, stages) for stages in (0, 2)}
+
 for name, (old, new) in WRONG_VARIANTS.items():
     module = wrong_module(name, old, new)
+    if name.startswith("pool_"):  # measured on the pooled case it would break
+        errors = pooled(module, *POOLED, 12, 0)
+        result["wrong"][name] = {"out_vs_torch_pooled": errors["out_vs_torch"], "state_vs_torch_pooled": errors["state_vs_torch"]}
+        continue
     result["wrong"][name] = {}
     for label, make, chunk in (("ragged16", lambda: inputs(RAGGED, torch.float32, 1), 16), ("long64", lambda: inputs(LONG, torch.float32, 1), 64),
                                ("repeated64", lambda: repeated_keys([64, 100], 9), 64)):  # fmt: skip
@@ -201,6 +225,13 @@ def test_float32_matches_the_torch_op_and_the_recurrence(measured, case):
     assert errors["unwritten"] == 0, errors
     for name in ("out_vs_torch", "state_vs_torch", "out_vs_recurrent", "state_vs_recurrent"):
         assert errors[name] < F32_BOUND, (name, errors)
+
+
+@pytest.mark.parametrize("stages", [0, 2])
+def test_pooled_states_match_the_torch_op(measured, stages):
+    errors = measured["pool"][f"stages{stages}"]
+    assert errors["unwritten"] == 0 and errors["unused_rows_untouched"], errors
+    assert errors["out_vs_torch"] < F32_BOUND and errors["state_vs_torch"] < F32_BOUND, errors
 
 
 def test_bfloat16_output_matches_the_torch_op(measured):
@@ -257,6 +288,12 @@ def test_matches_the_torch_op_on_cuda_at_the_real_head_shape(lengths, dtype, sta
     torch.cuda.synchronize()
     assert not out.isnan().any() and not final.isnan().any()
     assert torch.equal(viewed_out, out) and torch.equal(viewed_final, final)
+    pool = torch.full((batch + 2, *state.shape[1:]), float("nan"), device="cuda")  # states as pool rows, read and written in place
+    slots = torch.arange(batch, device="cuda").flip(0) + 1
+    pool[slots] = state
+    pooled_out = torch.full_like(v, float("nan"))
+    gdn_chunked_prefill(q_view, k_view, v_view, g, beta, cu, pool, pooled_out, pool, state_slots=slots, has_initial_state=torch.ones(batch, dtype=torch.bool, device="cuda"))
+    assert torch.equal(pooled_out, out) and torch.equal(pool[slots], final) and pool[0].isnan().all() and pool[-1].isnan().all()
 
     def rel(a, b):
         return ((a.double() - b.double()).norm() / b.double().norm()).item()
