@@ -30,7 +30,8 @@ this form, weights by cp.async too, from run49: the whole experts op at 1024 tok
 Triton launches). Offline sm_90 compile checks in `tests/reference_engine/kernels/test_moe_prefill_gluon.py`. Nothing
 calls these kernels unless a plan's `gluon` is 1 or `nvfp4_gemm.GLUON_GATE_UP` / `GLUON_DOWN` is set (tuning keys
 `moe_prefill_gluon`, `moe_prefill_gluon_down`); `TABLE_M` / `ROWS_ABOVE` let one launch per token class share a block
-table (`_takes_block`, `nvfp4_gemm._token_classes`; prepared, not yet run on a GPU).
+table (`_takes_block`, `nvfp4_gemm._token_classes`; run51: blocks of at most 32 tokens in a 32-wide launch took the
+whole op from 377.9 to 366.9 us, on in the tuning file since run54).
 """
 
 from __future__ import annotations
