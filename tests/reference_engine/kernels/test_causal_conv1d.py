@@ -40,7 +40,8 @@ WRONG_VARIANTS = {
 }
 
 SCRIPT = r"""
-import importlib.util, inspect, itertools, json, pathlib, tempfile
+import itertools, json
+import wrong_source
 import torch
 from contracts_ref import reference
 from reference_engine.kernels import causal_conv1d as kernel_module
@@ -49,14 +50,7 @@ from reference_engine.ops.linear_attention import causal_conv1d as torch_op
 WRONG_VARIANTS = __WRONG__
 
 def wrong_module(name, old, new):
-    source = inspect.getsource(kernel_module)
-    assert source.count(old) == 1, (name, old)
-    path = pathlib.Path(tempfile.mkdtemp()) / f"wrong_{name}.py"
-    path.write_text(source.replace(old, new))
-    spec = importlib.util.spec_from_file_location(f"wrong_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return wrong_source.wrong_module(kernel_module, name, old, new)
 
 def rel(a, b):
     den = b.double().norm().item()

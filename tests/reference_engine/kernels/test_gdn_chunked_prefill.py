@@ -38,7 +38,8 @@ WRONG_VARIANTS = {
 }
 
 SCRIPT = r"""
-import importlib.util, inspect, json, pathlib, tempfile
+import json
+import wrong_source
 import torch
 from reference_engine.kernels import gdn_chunked_prefill as kernel_module
 from reference_engine.ops.linear_attention import gdn_chunked_prefill as torch_op, gdn_recurrent_decode
@@ -46,14 +47,7 @@ from reference_engine.ops.linear_attention import gdn_chunked_prefill as torch_o
 WRONG_VARIANTS = __WRONG__
 
 def wrong_module(name, old, new):
-    source = inspect.getsource(kernel_module)
-    assert source.count(old) == 1, (name, old)
-    path = pathlib.Path(tempfile.mkdtemp()) / f"wrong_{name}.py"
-    path.write_text(source.replace(old, new))
-    spec = importlib.util.spec_from_file_location(f"wrong_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return wrong_source.wrong_module(kernel_module, name, old, new)
 
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
