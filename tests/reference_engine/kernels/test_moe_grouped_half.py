@@ -1,8 +1,8 @@
 """The decode MoE block with the experts grouped by expert in packed float16 on CUDA cores (`moe_grouped_half`).
 
-Interpreter (one subprocess): the contract moe/moe-block-decode's bfloat16 CPU cases through the grouped path, and a
-known-wrong variant (each routed expert applied to its first pair only) that the contract's cases must reject; then a
-script against the torch op (float32 x) and the per-pair Triton kernels (the same bfloat16 x), with chunks of 1, 2, 3
+Interpreter (a subprocess per test, so each stays inside the per-test time limit on a slow 2-core CPU): the contract
+moe/moe-block-decode's bfloat16 CPU cases through the grouped path, and a known-wrong variant (each routed expert
+applied to its first pair only) that the contract's cases must reject; then, one case per test, scripts against the torch op (float32 x) and the per-pair Triton kernels (the same bfloat16 x), with chunks of 1, 2, 3
 and 4 tokens, a busy expert of more than one chunk, a shared expert of several chunks with a short last one, repeated
 ids within a row, act, y and outputs poisoned with NaN, and x and the activation converted once into float16 pairs
 (plan `pairs` 1) giving the same bits; two more known-wrong variants (first chunk only, too few
@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_interpreter import assert_all_passed, assert_script_ok, interpreter_run
+from kernel_interpreter import (
+    assert_all_passed,
+    assert_script_ok,
+    contract_records,
+    interpreter_run,
+)
 
 CONTRACT = "moe/moe-block-decode"
 IMPL = "grouped_variants:moe_block_decode_half_grouped"
 CPU_CASES = ["small-bf16", "one-token-bf16", "every-expert-chosen-bf16", "router-without-shared-row", "top-k-zero"]
 WRONG = {"half_grouped_first_pair_only": ["small-bf16", "every-expert-chosen-bf16"]}
 
-SCRIPT = r"""
+PREAMBLE = r"""
 import torch
 from reference_engine.kernels import moe_decode, moe_grouped_half as half
 from reference_engine.ops import static_moe
@@ -43,45 +48,62 @@ def run(op, x, ids, w, **kwargs):
     out = torch.full(x.shape, float("nan"), dtype=x.dtype)
     op(x, w, ids, experts, shared, out, **kwargs)
     return out
+"""
 
 # Group sizes: T=2 with ids (0, 1) / (0, 2): expert 0 two pairs (a chunk of 2), experts 1, 2 one each; T=3 all on
 # expert 3 (a chunk of 3) plus repeated ids; T=9 with expert 2 in every row (9 pairs: chunks 4, 4, 1) and a shared
-# expert of 3 chunks (4, 4, 1).
-cases = [
-    (torch.tensor([[0, 1], [0, 2]]), None),
-    (torch.tensor([[3, 3], [3, 4], [5, 1]]), None),
-    (torch.cat([torch.full((9, 1), 2), torch.randint(3, E, (9, 1), generator=g)], 1), None),
-]
-for ids, _ in cases:
-    T = ids.shape[0]
-    counts = torch.bincount(ids.flatten(), minlength=E).tolist()
-    ids = torch.cat([ids, torch.full((T, 1), E)], 1).int()
-    w = torch.rand(T, K + 1, generator=g) + 0.1
-    x = torch.randn(T, H, generator=g)
-    xb = x.bfloat16()
-    grouped = run(half.half_grouped_experts_with_shared, xb, ids, w)
-    torch_op = run(static_moe.nvfp4_experts_with_shared, xb.float(), ids, w)
-    per_pair = run(moe_decode.nvfp4_experts_with_shared, xb, ids, w)
-    to_torch, to_pair = rel(grouped, torch_op), rel(grouped, per_pair)
-    print(f"T={T} pairs per expert {counts}: grouped vs torch op (float32 x) {to_torch:.2e}, vs per-pair Triton {to_pair:.2e}")
-    assert to_torch < 1e-2, to_torch  # the activation and the output are rounded to bfloat16
-    assert to_pair < 1e-5, to_pair  # the same products and roundings; float32 sums in another order
-    other = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(gate_up_block_n=16, gate_up_block_b=2, down_block_n=64, down_block_b=4))
-    assert rel(other, grouped) < 1e-5, "another tile plan computes another function"
-    converted = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(pairs=1))
-    assert torch.equal(converted, grouped), "x and act converted once (pairs 1) differ from the conversion per program"
-    converted = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(pairs=1, gate_up_block_n=8, gate_up_block_b=2))
-    assert rel(converted, grouped) < 1e-5, "pairs 1 with 8 gate/up rows per program"
+# expert of 3 chunks (4, 4, 1). One subprocess per case: each stays far inside the per-test time limit on a slow CPU.
+CASES = {
+    "T2-chunk-of-2": "torch.tensor([[0, 1], [0, 2]])",
+    "T3-chunk-of-3-repeated-ids": "torch.tensor([[3, 3], [3, 4], [5, 1]])",
+    "T9-chunks-4-4-1": "torch.cat([torch.full((9, 1), 2), torch.randint(3, E, (9, 1), generator=g)], 1)",
+}
 
+CASE_SCRIPT = r"""
+ids = __IDS__
+T = ids.shape[0]
+counts = torch.bincount(ids.flatten(), minlength=E).tolist()
+ids = torch.cat([ids, torch.full((T, 1), E)], 1).int()
+w = torch.rand(T, K + 1, generator=g) + 0.1
+x = torch.randn(T, H, generator=g)
+xb = x.bfloat16()
+grouped = run(half.half_grouped_experts_with_shared, xb, ids, w)
+torch_op = run(static_moe.nvfp4_experts_with_shared, xb.float(), ids, w)
+per_pair = run(moe_decode.nvfp4_experts_with_shared, xb, ids, w)
+to_torch, to_pair = rel(grouped, torch_op), rel(grouped, per_pair)
+print(f"T={T} pairs per expert {counts}: grouped vs torch op (float32 x) {to_torch:.2e}, vs per-pair Triton {to_pair:.2e}")
+assert to_torch < 1e-2, to_torch  # the activation and the output are rounded to bfloat16
+assert to_pair < 1e-5, to_pair  # the same products and roundings; float32 sums in another order
+other = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(gate_up_block_n=16, gate_up_block_b=2, down_block_n=64, down_block_b=4))
+assert rel(other, grouped) < 1e-5, "another tile plan computes another function"
+converted = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(pairs=1))
+assert torch.equal(converted, grouped), "x and act converted once (pairs 1) differ from the conversion per program"
+converted = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(pairs=1, gate_up_block_n=8, gate_up_block_b=2))
+assert rel(converted, grouped) < 1e-5, "pairs 1 with 8 gate/up rows per program"
+print("ok")
+"""
+
+BLOCK_SCRIPT = r"""
+xb = torch.randn(2, H, generator=g).bfloat16()
+ids = torch.tensor([[0, 1, E], [0, 2, E]]).int()
+w = torch.rand(2, K + 1, generator=g) + 0.1
 try:
     half.half_grouped_experts_with_shared(xb.float(), w, ids, experts, shared, torch.empty(xb.shape))
     raise AssertionError("float32 x accepted")
 except ValueError as error:
     print(f"float32 x refused: {error}")
 
-# The whole block (its router picks the ids) at 9 tokens: the known-wrong variants must miss by far.
-router_weight = (torch.randn(E + 1, H, generator=g) * 0.1).bfloat16()
-x = torch.randn(9, H, generator=g).bfloat16()
+# The whole block (its router picks the ids) at 9 tokens: the known-wrong variants must miss by far. Column 0 of x
+# is large and only expert 2's router row reads it, so every row picks expert 2 (9 pairs: chunks 4, 4, 1).
+router_weight = torch.randn(E + 1, H, generator=g) * 0.1
+router_weight[:, 0] = 0.0
+router_weight[2, 0] = 1.0
+router_weight = router_weight.bfloat16()
+x = torch.randn(9, H, generator=g)
+x[:, 0] = 4.0
+x = x.bfloat16()
+picks = (x.float() @ router_weight[:E].float().T).topk(K, dim=1).indices
+assert (picks == 2).any(dim=1).all(), picks
 expected = torch.full_like(x, float("nan"))
 static_moe.moe_block_decode(x, router_weight, experts, shared, K, expected)  # the torch op: the contract's reference
 for name in ("half_grouped_first_chunk_only", "half_grouped_shared_chunks_short", "half_grouped_first_pair_only"):
@@ -101,30 +123,25 @@ print("ok")
 """
 
 
-@pytest.fixture(scope="module")
-def run():
-    contracts = {CONTRACT: {IMPL: CPU_CASES} | {f"wrong_kernels:{name}": cases for name, cases in WRONG.items()}}
-    return interpreter_run(contracts, SCRIPT, timeout=900)
-
-
-@pytest.fixture(scope="module")
-def records(run):
-    return {key.split("|", 1)[1]: value for key, value in run["records"].items()}
-
-
-def test_contract_cpu_cases_pass_through_the_half_grouped_path(records):
-    assert_all_passed(records[IMPL], CPU_CASES)
+def test_contract_cpu_cases_pass_through_the_half_grouped_path():
+    assert_all_passed(contract_records(CONTRACT, {IMPL: CPU_CASES}, timeout=900)[IMPL], CPU_CASES)
 
 
 @pytest.mark.parametrize("wrong", sorted(WRONG))
-def test_contract_catches_known_wrong_half_grouped_variant(records, wrong):
-    found = records[f"wrong_kernels:{wrong}"]
+def test_contract_catches_known_wrong_half_grouped_variant(wrong):
+    found = contract_records(CONTRACT, {f"wrong_kernels:{wrong}": WRONG[wrong]}, timeout=900)[f"wrong_kernels:{wrong}"]
     assert [r["case"] for r in found] == WRONG[wrong]
     assert all(r["status"] == "INCORRECT_NUMERICAL" for r in found), [(r["case"], r["status"], r["message"]) for r in found]
 
 
-def test_half_grouped_matches_per_pair_and_torch_and_rejects_wrong_variants(run):
-    assert_script_ok(run)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_half_grouped_matches_per_pair_and_torch_under_every_plan(case):
+    """Against the torch op (float32 x) and the per-pair Triton kernels (the same bfloat16 x), then three other plans."""
+    assert_script_ok(interpreter_run({}, PREAMBLE + CASE_SCRIPT.replace("__IDS__", CASES[case]), timeout=900))
+
+
+def test_half_grouped_block_rejects_wrong_variants_and_float32_x():
+    assert_script_ok(interpreter_run({}, PREAMBLE + BLOCK_SCRIPT, timeout=900))
 
 
 @pytest.mark.cuda
