@@ -33,8 +33,15 @@ def _round_to_bf16(values):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, D, eps, z_heads, stride_zt,
-                     MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr):
+def _step_column(n):
+    """Column n (natural order) -> its column in `moe_prefill_gluon.permute_steps` order (128-element steps)."""
+    r = n % 128
+    return (n - r) + (((r >> 3) & 3) << 5) + (((r >> 1) & 1) << 4) + ((r & 1) << 3) + ((r >> 5) << 1) + ((r >> 2) & 1)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, steps_ptr, D, eps, z_heads, stride_zt,
+                     MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr, STEPS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     ok = cols < D
@@ -55,9 +62,11 @@ def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_o
     else:
         y = normed * (1.0 + weight)
     tl.store(out_ptr + row * D + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
+    if STEPS:  # the same values again, each 128-column step permuted (D a multiple of 128)
+        tl.store(steps_ptr + row * D + _step_column(cols), y.to(steps_ptr.dtype.element_ty), mask=ok)
 
 
-def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=None) -> None:
+def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=None, steps_out=None) -> None:
     width = x.shape[-1]
     rows = x.numel() // width
     if rows == 0:
@@ -67,20 +76,24 @@ def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=
     residual_target = None
     if residual_out is not None:
         residual_target = residual_out if residual_out.is_contiguous() else torch.empty_like(residual_out, memory_format=torch.contiguous_format)
+    steps = None if steps_out is None else staging_buffer(steps_out)  # contiguous (checked by the caller)
     x_c = x.contiguous()
     z_c, z_heads, stride_zt = x_c, rows, 0  # rows of z at row * D (contiguous)
     if z is not None:
         z_c, z_heads, stride_zt = _token_strided(z)
     _rms_norm_kernel[(rows,)](
         x_c, residual.contiguous() if residual is not None else x_c, z_c,
-        weight.contiguous(), target, residual_target if residual_target is not None else target, width, float(eps), z_heads, stride_zt,
-        MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=triton.next_power_of_2(width),
+        weight.contiguous(), target, residual_target if residual_target is not None else target,
+        steps if steps is not None else target, width, float(eps), z_heads, stride_zt,
+        MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=triton.next_power_of_2(width), STEPS=int(steps_out is not None),
     )
     if residual_target is not None and residual_target is not residual_out:
         residual_out.copy_(residual_target)
     if target is not buffer:
         buffer.copy_(target)
     finish(buffer, out)
+    if steps is not None:
+        finish(steps, steps_out)
 
 
 def _token_strided(z: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -122,12 +135,22 @@ def fused_add_rms_norm(
     out: torch.Tensor,
     residual_out: torch.Tensor,
     eps: float = 1e-6,
+    steps_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """residual_out = x + residual (rounded to x.dtype); out = rms_norm(residual_out). All [..., D]."""
+    """residual_out = x + residual (rounded to x.dtype); out = rms_norm(residual_out). All [..., D].
+
+    `steps_out` (kernel only, optional): a contiguous [..., D] buffer (D a multiple of 128) that also receives out's
+    values with each 128-column step in `moe_prefill_gluon.permute_steps` order, the operand order of the Gluon
+    experts' gate/up launch (`nvfp4_gemm.nvfp4_moe_prefill(x_steps=)`), so the prefill needs no copy launch."""
     _check_norm_inputs(x, weight, eps)
     _check_same("residual", residual, x, "x")
     _check_same("out", out, x, "x")
     _check_same("residual_out", residual_out, x, "x")
-    require_launchable(x, residual, weight, out, residual_out)
-    _launch(FUSED_ADD, x, weight, out, eps, residual=residual, residual_out=residual_out)
+    if steps_out is not None:
+        _check_same("steps_out", steps_out, x, "x")
+        if not steps_out.is_contiguous() or x.shape[-1] % 128:
+            raise ValueError(f"steps_out must be contiguous with a last dim that is a multiple of 128, got shape {list(steps_out.shape)} "
+                             f"(contiguous: {steps_out.is_contiguous()})")  # fmt: skip
+    require_launchable(x, residual, weight, out, residual_out, *(() if steps_out is None else (steps_out,)))
+    _launch(FUSED_ADD, x, weight, out, eps, residual=residual, residual_out=residual_out, steps_out=steps_out)
     return out

@@ -917,35 +917,13 @@ def block_table_torch(topk_ids: torch.Tensor, num_experts: int, block_m: int) ->
     return order.to(torch.int32), table
 
 
-def nvfp4_moe_prefill(
-    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: StackedNvfp4Experts, out: torch.Tensor, check_ids: bool = True,
-    plans: tuple[GemmPlan, GemmPlan] | None = None, shared: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """out[t] = sum_j topk_weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = topk_ids[t, j], for NVFP4
-    experts (`StackedNvfp4Experts`; x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32, out [T, H]
-    in x's dtype). The activation is rounded to x's dtype before the down projection (as `ops.moe`).
-    `check_ids=False` skips the expert-id range check, the op's one host sync: for ids in range by
-    construction (the model's router top-k), so a prefill does not wait for the GPU once per layer.
-    `plans`: the (gate/up, down) tiles instead of `plan(...)` (benchmarks and tests; both must share block_m).
-    `shared`: (s [T, H] in x's dtype, logit [T, 1] or [T]): out gains s * sigmoid(logit) per token, added to the
-    float32 slot sum before its one rounding (the MoE block's shared expert and gate, in the same launch)."""
-    from reference_engine.ops.static_moe import capturing
-
-    tokens, top_k, num_experts, inter = _check_moe(x, topk_weights, topk_ids, experts, out)
-    _check_shared(shared, out)
-    tensors = (x, topk_weights, topk_ids, out, *vars(experts).values(), *(shared or ()))
-    require_launchable(*tensors)
+def _moe_plans(x: torch.Tensor, pairs: int, num_experts: int, inter: int, plans: tuple[GemmPlan, GemmPlan] | None) -> tuple[GemmPlan, GemmPlan, bool]:
+    """(gate/up plan, down plan, register) of an experts prefill over `pairs` (token, slot) pairs: `plans` or the
+    tuned `plan(...)`s, checked (one block_m; decode 2 in both or neither), decode 2 dropped unless H and I are
+    whole 128-element steps."""
     hidden = x.shape[1]
-    if tokens == 0:
-        return out
-    if check_ids and not capturing(x):  # the one host sync
-        low, high = torch.stack(torch.aminmax(topk_ids)).tolist()
-        if low < 0 or high >= num_experts:
-            raise ValueError(f"topk_ids must lie in [0, {num_experts}), got values in [{low}, {high}]")
-    pairs = tokens * top_k
-    sm = _sm_count(x.device)
-    float32 = x.dtype == torch.float32
     if plans is None:
+        sm, float32 = _sm_count(x.device), x.dtype == torch.float32
         plans = (plan("moe_gate_up", pairs, inter, hidden, sm, num_experts, float32), plan("moe_down", pairs, hidden, inter, sm, num_experts, float32))
     plan_a, plan_b = plans
     if plan_a.block_m != plan_b.block_m:
@@ -956,6 +934,52 @@ def nvfp4_moe_prefill(
     if register and (hidden % 128 or inter % 128):  # whole K steps of 128 elements only: the word decode instead
         plan_a, plan_b = (GemmPlan(**(vars(p) | {"decode": 1})) for p in (plan_a, plan_b))
         register = False
+    return plan_a, plan_b, register
+
+
+def moe_prefill_takes_steps(x: torch.Tensor, top_k: int, experts: StackedNvfp4Experts) -> bool:
+    """Whether `nvfp4_moe_prefill(x, ...)` with top-k routing over `experts` (its own tuned plans) runs the Gluon
+    gate/up launch, which reads x in `permute_steps` order: then a caller that writes x can also write that copy
+    (`x_steps`) and save the prefill's copy launch."""
+    num_experts, two_inter = experts.gate_up_packed.shape[:2]
+    plan_a, _, register = _moe_plans(x, x.shape[0] * top_k, num_experts, two_inter // 2, None)
+    return _gluon_moe(x, plan_a, register, x.shape[1], GLUON_GATE_UP)
+
+
+def nvfp4_moe_prefill(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: StackedNvfp4Experts, out: torch.Tensor, check_ids: bool = True,
+    plans: tuple[GemmPlan, GemmPlan] | None = None, shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    x_steps: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """out[t] = sum_j topk_weights[t, j] * down_e(silu(gate_e x_t) * up_e x_t), e = topk_ids[t, j], for NVFP4
+    experts (`StackedNvfp4Experts`; x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32, out [T, H]
+    in x's dtype). The activation is rounded to x's dtype before the down projection (as `ops.moe`).
+    `check_ids=False` skips the expert-id range check, the op's one host sync: for ids in range by
+    construction (the model's router top-k), so a prefill does not wait for the GPU once per layer.
+    `plans`: the (gate/up, down) tiles instead of `plan(...)` (benchmarks and tests; both must share block_m).
+    `shared`: (s [T, H] in x's dtype, logit [T, 1] or [T]): out gains s * sigmoid(logit) per token, added to the
+    float32 slot sum before its one rounding (the MoE block's shared expert and gate, in the same launch).
+    `x_steps`: x already in `moe_prefill_gluon.permute_steps` order (contiguous [T, H], x's dtype; the RMSNorm
+    before the block writes it, `kernels.norms.fused_add_rms_norm(steps_out=)`), used by the Gluon gate/up launch
+    instead of its own copy of x; ignored when that launch does not run (`moe_prefill_takes_steps`)."""
+    from reference_engine.ops.static_moe import capturing
+
+    tokens, top_k, num_experts, inter = _check_moe(x, topk_weights, topk_ids, experts, out)
+    _check_shared(shared, out)
+    if x_steps is not None and (x_steps.shape != x.shape or x_steps.dtype != x.dtype or x_steps.device != x.device or not x_steps.is_contiguous()):
+        raise ValueError(f"x_steps must be a contiguous tensor of x's shape {list(x.shape)}, dtype {x.dtype} and device {x.device}; "
+                         f"got {list(x_steps.shape)} {x_steps.dtype} on {x_steps.device} (contiguous: {x_steps.is_contiguous()})")  # fmt: skip
+    tensors = (x, topk_weights, topk_ids, out, *vars(experts).values(), *(shared or ()), *(() if x_steps is None else (x_steps,)))
+    require_launchable(*tensors)
+    hidden = x.shape[1]
+    if tokens == 0:
+        return out
+    if check_ids and not capturing(x):  # the one host sync
+        low, high = torch.stack(torch.aminmax(topk_ids)).tolist()
+        if low < 0 or high >= num_experts:
+            raise ValueError(f"topk_ids must lie in [0, {num_experts}), got values in [{low}, {high}]")
+    pairs = tokens * top_k
+    plan_a, plan_b, register = _moe_plans(x, pairs, num_experts, inter, plans)
     order, table = block_table(topk_ids, num_experts, plan_a.block_m)
     blocks = table.shape[1]
     x = permute_k(x) if register else x if x.stride(1) == 1 else x.contiguous()
@@ -969,7 +993,8 @@ def nvfp4_moe_prefill(
             permute_steps,
         )
 
-        x_steps = permute_steps(x)  # the operand's K order within each 128-element step (one copy of x)
+        if x_steps is None:
+            x_steps = permute_steps(x)  # the operand's K order within each 128-element step (one copy of x)
         for block_m, rows_above in _token_classes(plan_a):
             moe_gate_up_gluon_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
                 x_steps, order, table, experts.gate_up_packed.contiguous().view(torch.int32), experts.gate_up_scale.contiguous().view(torch.int32),

@@ -1,7 +1,9 @@
 """One decoder layer: pre-norm mixer (Gated DeltaNet or gated attention) and pre-norm sparse MoE, both residual.
 
 The residual stream is carried between layers so each norm fuses the preceding residual add:
-`residual = x + residual; h = norm(residual)`.
+`residual = x + residual; h = norm(residual)`. On the eager GPU prefill, when the MoE block's experts run the Gluon
+gate/up launch (which reads its input with each 128-column step permuted), the Triton norm before the block also
+writes h in that order (`steps_out`), so the experts need no copy launch of their own.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.model.attention import GatedAttention
-from reference_engine.model.eager_ops import eager_op
+from reference_engine.model.eager_ops import eager_backend, eager_op
 from reference_engine.model.gated_deltanet import GatedDeltaNet
 from reference_engine.model.moe_block import SparseMoeBlock
 
@@ -47,5 +49,8 @@ class DecoderLayer:
             residual = new_residual
         mixed = self.mixer(normed, batch, caches)  # [T, H]
         post_normed, post_residual = torch.empty_like(x), torch.empty_like(x)  # [T, H]
-        add_norm(mixed, residual, self.post_attention_layernorm, out=post_normed, residual_out=post_residual, eps=self.eps)
-        return self.mlp(post_normed, ops=ops), post_residual
+        # The eager prefill's experts may read the normed input in another column order: the norm writes that too.
+        steps = self.mlp.steps_buffer(post_normed) if ops is None and eager_backend("fused_add_rms_norm", mixed) == "triton" else None
+        add_norm(mixed, residual, self.post_attention_layernorm, out=post_normed, residual_out=post_residual, eps=self.eps,
+                 **({} if steps is None else {"steps_out": steps}))  # fmt: skip
+        return self.mlp(post_normed, ops=ops, x_steps=steps), post_residual

@@ -77,16 +77,17 @@ class RoutedExperts:
         return self.gate_up_proj is not None
 
     def __call__(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, ops=None,
-                 shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
+                 shared: tuple[torch.Tensor, torch.Tensor] | None = None, x_steps: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int32 -> out [T, H]; `ops`: the capturable ops.
 
         `shared` (eager path only): (s [T, H], logit [T, 1]), the shared expert's output and gate logit; out becomes
         routed + s * sigmoid(logit). The GPU prefill kernels add it inside their last launch; elsewhere it is added
-        after the routed sum (s is overwritten)."""
+        after the routed sum (s is overwritten). `x_steps`: x in `permute_steps` order for the GPU prefill's Gluon
+        gate/up launch (`prefill_takes_steps`), or None; the other paths ignore it."""
         if shared is not None and ops is None and self.stacked is not None and x.is_cuda and triton_allowed(x):
             nvfp4_moe_prefill = _gpu_prefill()
             if nvfp4_moe_prefill is not None:
-                return nvfp4_moe_prefill(x, topk_weights, topk_ids, self.stacked, out=out, check_ids=False, shared=shared)
+                return nvfp4_moe_prefill(x, topk_weights, topk_ids, self.stacked, out=out, check_ids=False, shared=shared, x_steps=x_steps)
         self._routed(x, topk_weights, topk_ids, out, ops)
         if shared is not None:
             s, logit = shared
@@ -115,6 +116,17 @@ class RoutedExperts:
             down.append(self.down[expert].dense_weight(x.dtype))
         compact_ids = remap[topk_ids.long()]  # [T, k] int32
         return routed_experts(x, topk_weights, compact_ids, torch.stack(gate_up), torch.stack(down), out=out)
+
+    def prefill_takes_steps(self, x: torch.Tensor, top_k: int) -> bool:
+        """Whether the GPU prefill of x (stacked NVFP4 experts, Triton allowed) reads x in `permute_steps` order
+        (`kernels.nvfp4_gemm.moe_prefill_takes_steps`: the Gluon gate/up launch)."""
+        if self.stacked is None or not (x.is_cuda and triton_allowed(x)):
+            return False
+        try:
+            from reference_engine.kernels.nvfp4_gemm import moe_prefill_takes_steps
+        except ImportError:
+            return False
+        return moe_prefill_takes_steps(x, top_k, self.stacked)
 
     def nbytes(self) -> int:
         if self.is_fused_dense:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_engine.model.eager_ops import eager_op
+from reference_engine.model.eager_ops import eager_op, triton_allowed
 from reference_engine.model.experts import RoutedExperts
 from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
@@ -101,15 +101,23 @@ class SparseMoeBlock:
         for name, value in rebound.items():
             object.__setattr__(self, name, value)
 
-    def __call__(self, x: torch.Tensor, ops=None) -> torch.Tensor:
-        """x [T, H] -> [T, H]; `ops` (an ops.backend.OpSet, CUDA-graph decode only) supplies capturable ops."""
+    def steps_buffer(self, x: torch.Tensor) -> torch.Tensor | None:
+        """An empty buffer like x for x in `permute_steps` order when this block's eager prefill of x would read x so
+        (the fused form with the experts' Gluon gate/up launch on the GPU), else None."""
+        if self.shared_nvfp4 is None or not (x.is_cuda and triton_allowed(x)):
+            return None
+        return torch.empty_like(x) if self.experts.prefill_takes_steps(x, self.top_k) else None
+
+    def __call__(self, x: torch.Tensor, ops=None, x_steps: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, H] -> [T, H]; `ops` (an ops.backend.OpSet, CUDA-graph decode only) supplies capturable ops.
+        `x_steps`: x in `permute_steps` order (from `steps_buffer`, written by the norm before the block), or None."""
         num_tokens = x.shape[0]
         if ops is not None and self.shared_nvfp4 is not None:  # the whole block in one op
             out = torch.empty_like(x)  # [T, H]
             ops.moe_block_decode(x, self.router_weight, self.experts.stacked, self.shared_nvfp4, self.top_k, out=out)
             return out
         if ops is None and self.shared_nvfp4 is not None:
-            return self._fused_eager(x)
+            return self._fused_eager(x, x_steps)
         router_logits = self.gate(x, ops)  # [T, E]
         topk_weights = torch.empty(num_tokens, self.top_k, dtype=torch.float32, device=x.device)  # [T, k]
         topk_ids = torch.empty(num_tokens, self.top_k, dtype=torch.int32, device=x.device)  # [T, k]
@@ -132,7 +140,7 @@ class SparseMoeBlock:
             shared.copy_(self.shared_down_proj(hidden, ops) * torch.sigmoid(self.shared_expert_gate(x, ops)))
         return routed.add_(shared)
 
-    def _fused_eager(self, x: torch.Tensor) -> torch.Tensor:
+    def _fused_eager(self, x: torch.Tensor, x_steps: torch.Tensor | None = None) -> torch.Tensor:
         """The eager (prefill) path of a fused block: the same function as the composed path, in fewer GEMMs."""
         num_tokens, num_experts = x.shape[0], self.gate.out_features
         logits = aligned_linear(x, self.router_weight)  # [T, E+1]: routed logits, then the shared gate's
@@ -143,4 +151,4 @@ class SparseMoeBlock:
         gate, up = self.shared_gate_up(x)  # [T, Is] each (views of one output)
         shared = self.shared_down_proj(torch.nn.functional.silu(gate) * up)  # [T, H]
         out = torch.empty_like(x)  # [T, H]: routed + shared * sigmoid(shared gate logit); on the GPU in the experts' last launch
-        return self.experts(x, topk_weights, topk_ids, out=out, shared=(shared, logits[:, num_experts:]))
+        return self.experts(x, topk_weights, topk_ids, out=out, shared=(shared, logits[:, num_experts:]), x_steps=x_steps)

@@ -261,3 +261,31 @@ def test_gluon_launches_match_the_triton_launches_on_cuda(tokens, block_m, rows,
     unpermuted = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
     nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, real_experts, unpermuted, plans=plans)
     assert float((unpermuted.double() - outs[0].double()).norm() / outs[0].double().norm()) > 5e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1024, 37])
+def test_gluon_gate_up_reads_the_callers_steps_copy_on_cuda(tokens, real_experts):
+    """`x_steps` (x already in step order, as the norm before the block writes it) gives the bits of the launch's own
+    copy; x_steps in natural order (a copy never permuted) must miss by far, so the launch really reads it. With the
+    committed tuning, `moe_prefill_takes_steps` says the 1024-token prefill takes the copy (what the decoder asks)."""
+    from real_moe_layer import EXPERTS, HIDDEN, TOP_K
+
+    from reference_engine.kernels import nvfp4_gemm
+    from reference_engine.kernels.moe_prefill_gluon import permute_steps
+
+    generator = torch.Generator().manual_seed(tokens + 1)
+    x = torch.randn(tokens, HIDDEN, generator=generator).bfloat16().cuda()
+    ids = torch.stack([torch.randperm(EXPERTS, generator=generator)[:TOP_K] for _ in range(tokens)]).int().cuda()
+    weights = torch.softmax(torch.randn(tokens, TOP_K, generator=generator), dim=1).cuda()
+    plans = (nvfp4_gemm.GemmPlan(64, 64, 32, 8, 3, gluon=1, split_m=32), nvfp4_gemm.GemmPlan(64, 128, 32, 8, 3, gluon=1, split_m=32))
+    outs = []
+    for steps in (None, permute_steps(x), x.clone()):
+        out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
+        nvfp4_gemm.nvfp4_moe_prefill(x, weights, ids, real_experts, out, plans=plans, x_steps=steps)
+        outs.append(out)
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[1], outs[0])
+    assert float((outs[2].double() - outs[0].double()).norm() / outs[0].double().norm()) > 5e-2
+    if tokens == 1024 and nvfp4_gemm.GLUON_GATE_UP:
+        assert nvfp4_gemm.moe_prefill_takes_steps(x, TOP_K, real_experts)

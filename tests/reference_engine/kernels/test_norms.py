@@ -102,3 +102,82 @@ print("ok")
 
 def test_gated_norm_reads_a_token_strided_z_under_the_interpreter():
     assert_script_ok(interpreter_run({}, STRIDED_Z_SCRIPT))
+
+
+# fused_add_rms_norm(steps_out=): the normed values again in `moe_prefill_gluon.permute_steps` order (the Gluon experts'
+# gate/up operand order), bit-equal to permuting `out`, with out and residual_out unchanged; NaN-poisoned buffers, D of
+# two 128-column steps, random data. Known-wrong variants (the permuted store in natural order; the step's two-bit
+# groups swapped) must be caught by the same checks, and bad buffers refused.
+STEPS_SCRIPT = """
+import torch
+import wrong_source
+from reference_engine.kernels import norms as kernels
+from reference_engine.kernels.moe_prefill_gluon import permute_steps
+
+g = torch.Generator().manual_seed(41)
+T, D = 6, 256
+x, residual = torch.randn(T, D, generator=g).bfloat16(), torch.randn(T, D, generator=g).bfloat16()
+weight = (torch.randn(D, generator=g) * 0.1).bfloat16()
+
+def run(module, steps=True):
+    out, residual_out = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+    steps_out = torch.full_like(x, float("nan")) if steps else None
+    module.fused_add_rms_norm(x, residual, weight, out, residual_out, steps_out=steps_out)
+    return out, residual_out, steps_out
+
+def steps_ok(out, steps_out):
+    return bool(torch.isfinite(steps_out).all()) and torch.equal(steps_out, permute_steps(out))
+
+plain_out, plain_residual, _ = run(kernels, steps=False)
+out, residual_out, steps_out = run(kernels)
+assert torch.equal(out, plain_out) and torch.equal(residual_out, plain_residual), "steps_out changed out or residual_out"
+assert not torch.equal(permute_steps(out), out), "the permutation is the identity on this data: the check could not fail"
+assert steps_ok(out, steps_out), "steps_out is not permute_steps(out)"
+print("steps_out == permute_steps(out)")
+for name, old, new in (
+    ("natural_order", "steps_ptr + row * D + _step_column(cols)", "steps_ptr + row * D + cols"),
+    ("groups_swapped", "(((r >> 1) & 1) << 4) + ((r & 1) << 3)", "(((r >> 1) & 1) << 3) + ((r & 1) << 4)"),
+):
+    wrong = wrong_source.wrong_module(kernels, name, old, new)
+    w_out, _, w_steps = run(wrong)
+    assert torch.equal(w_out, out) and not steps_ok(w_out, w_steps), name
+    print(f"wrong {name}: caught")
+for bad, why in (
+    (torch.empty(T, D, dtype=torch.float32), "dtype"),
+    (torch.empty(D, T, dtype=torch.bfloat16).t(), "contiguous"),
+):
+    try:
+        kernels.fused_add_rms_norm(x, residual, weight, torch.empty_like(x), torch.empty_like(x), steps_out=bad)
+        raise AssertionError(f"steps_out with a wrong {why} accepted")
+    except ValueError as error:
+        print(f"refused ({why}): {error}")
+x96 = torch.randn(T, 96, generator=g).bfloat16()
+try:
+    kernels.fused_add_rms_norm(x96, x96, weight[:96], torch.empty_like(x96), torch.empty_like(x96), steps_out=torch.empty_like(x96))
+    raise AssertionError("steps_out with D = 96 accepted")
+except ValueError as error:
+    print(f"refused (D 96): {error}")
+print("ok")
+"""
+
+
+def test_fused_add_norm_writes_the_permuted_steps_copy_under_the_interpreter():
+    assert_script_ok(interpreter_run({}, STEPS_SCRIPT))
+
+
+@pytest.mark.cuda
+def test_fused_add_norm_steps_copy_on_cuda():
+    """The real width (2048) at 1024 tokens: steps_out bit-equal to permuting out, out unchanged."""
+    from reference_engine.kernels import norms as kernels
+    from reference_engine.kernels.moe_prefill_gluon import permute_steps
+
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    x, residual = (torch.randn(1024, 2048, generator=generator, device="cuda").bfloat16() for _ in range(2))
+    weight = (torch.randn(2048, generator=generator, device="cuda") * 0.1).bfloat16()
+    outs = []
+    for steps in (None, torch.full_like(x, float("nan"))):
+        out, residual_out = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+        kernels.fused_add_rms_norm(x, residual, weight, out, residual_out, steps_out=steps)
+        outs.append((out, residual_out, steps))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert torch.equal(outs[1][2], permute_steps(outs[1][0]))
