@@ -17,7 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.kernels.launch import (
+    finish,
+    next_power_of_2,
+    require_launchable,
+    staging_buffer,
+)
 from reference_engine.ops.registry import satisfies
 from reference_engine.ops.static_attention import check_attention_decode_prep
 
@@ -112,7 +117,7 @@ def attention_decode_prep(
         q_gate, key, value, q_norm, k_norm, positions, inverse_frequencies(q_gate.device, rotary_dim, theta),
         k_target, v_target, slot_mapping, target,
         q_gate.stride(0), key.stride(0), value.stride(0), float(eps),
-        HQ=heads, HKV=kv_heads, D=head_dim, ROTARY=rotary_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        HQ=heads, HKV=kv_heads, D=head_dim, ROTARY=rotary_dim, BLOCK_D=next_power_of_2(head_dim),
     )
     if target is not buffer:
         buffer.copy_(target)

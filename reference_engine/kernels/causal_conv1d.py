@@ -32,8 +32,10 @@ import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
 from reference_engine.kernels.launch import (
+    cdiv,
     finish,
     interpreting,
+    next_power_of_2,
     require_launchable,
     staging_buffer,
 )
@@ -188,12 +190,12 @@ def causal_conv1d(
     x_in = x if x.stride(1) == 1 else x.contiguous()
     w_in = weight.contiguous()
     cu = cu_seqlens.contiguous()
-    block_c = min(BLOCK_C, triton.next_power_of_2(channels))
+    block_c = min(BLOCK_C, next_power_of_2(channels))
     if num_tokens > 0:
         buffer = staging_buffer(out)
         result = buffer if buffer.stride(1) == 1 else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
-        block_t = min(BLOCK_T, triton.next_power_of_2(num_tokens))
-        _conv_kernel[(triton.cdiv(num_tokens, block_t), triton.cdiv(channels, block_c))](
+        block_t = min(BLOCK_T, next_power_of_2(num_tokens))
+        _conv_kernel[(cdiv(num_tokens, block_t), cdiv(channels, block_c))](
             x_in, w_in, cu, initial_state, result, state_slots if pool else cu, has_initial_state if pool else cu,
             num_tokens, channels, num_seqs, x_in.stride(0), result.stride(0), *initial_state.stride(),
             K=kernel, STEPS=(num_seqs - 1).bit_length(), BLOCK_T=block_t, BLOCK_C=block_c, LIBDEVICE_EXP=not interpreting(), POOL=pool,
@@ -202,10 +204,10 @@ def causal_conv1d(
         if result is not buffer:
             buffer.copy_(result)
         finish(buffer, out)
-    _final_state_kernel[(num_seqs, triton.cdiv(channels, block_c))](
+    _final_state_kernel[(num_seqs, cdiv(channels, block_c))](
         x_in, cu, initial_state, final_state, state_slots if pool else cu, has_initial_state if pool else cu, valid_tokens if valid_tokens is not None else cu,
         channels, x_in.stride(0), *initial_state.stride(), *final_state.stride(),
-        K=kernel, BLOCK_K=triton.next_power_of_2(kernel - 1), BLOCK_C=block_c, POOL=pool, HAS_VALID=valid_tokens is not None, num_warps=NUM_WARPS,
+        K=kernel, BLOCK_K=next_power_of_2(kernel - 1), BLOCK_C=block_c, POOL=pool, HAS_VALID=valid_tokens is not None, num_warps=NUM_WARPS,
     )  # fmt: skip
 
 

@@ -12,7 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.kernels.launch import (
+    cdiv,
+    finish,
+    next_power_of_2,
+    require_launchable,
+    staging_buffer,
+)
 from reference_engine.ops.dense_linear import check_dense_linear
 from reference_engine.ops.dense_linear import dense_linear as torch_dense_linear
 
@@ -46,9 +52,9 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> to
     if tokens > MAX_TOKENS or x.stride(1) != 1 or not weight.is_contiguous() or out.stride(1) != 1:
         return torch_dense_linear(x, weight, out)
     buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16)
-    _dense_gemv_kernel[(triton.cdiv(weight.shape[0], BLOCK_N),)](
+    _dense_gemv_kernel[(cdiv(weight.shape[0], BLOCK_N),)](
         x, weight, buffer, weight.shape[0], k, x.stride(0), buffer.stride(0),
-        TOKENS=tokens, BLOCK_N=BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(k)),
+        TOKENS=tokens, BLOCK_N=BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, next_power_of_2(k)),
     )
     finish(buffer, out)
     return out

@@ -42,8 +42,10 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import (
+    cdiv,
     finish,
     interpreting,
+    next_power_of_2,
     require_launchable,
     staging_buffer,
 )
@@ -392,9 +394,9 @@ def gdn_chunked_prefill(
         return
 
     chunk = min(chunk_size, MAX_CHUNK)
-    block_c = max(MIN_DOT, triton.next_power_of_2(chunk))
-    block_k = max(2 * MIN_DOT, triton.next_power_of_2(k_dim))  # launch 2 splits Dk in two halves
-    block_dv = max(MIN_DOT, triton.next_power_of_2(v_dim))
+    block_c = max(MIN_DOT, next_power_of_2(chunk))
+    block_k = max(2 * MIN_DOT, next_power_of_2(k_dim))  # launch 2 splits Dk in two halves
+    block_dv = max(MIN_DOT, next_power_of_2(v_dim))
     block_v = min(BLOCK_V_MAX, block_dv)
     precision = "ieee" if interpreting() else DOT_PRECISION or PRECISION_FOR[query.dtype]
     chunk_start, chunk_len, seq_first, seq_count = _chunk_table_from_offsets(offsets, tokens, chunk, query.device)
@@ -420,7 +422,7 @@ def gdn_chunked_prefill(
     target = final_state if final_state.is_contiguous() else torch.empty_like(final_state, memory_format=torch.contiguous_format)
     buffer = staging_buffer(out)
     result = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
-    _gdn_chunk_scan_kernel[(num_seqs, num_v_heads, triton.cdiv(v_dim, block_v))](
+    _gdn_chunk_scan_kernel[(num_seqs, num_v_heads, cdiv(v_dim, block_v))](
         q_in, k_in, w, u, p, f, chunk_start, chunk_len, seq_first, seq_count, source, result, target, max_steps,
         q_in.stride(0), q_in.stride(1), k_in.stride(0), k_in.stride(1), state_slots if pool else chunk_start, has_initial_state if pool else chunk_start,
         HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_C=block_c, BLOCK_K=block_k, BLOCK_DV=block_dv, BLOCK_V=block_v,

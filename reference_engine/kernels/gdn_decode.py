@@ -16,7 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.kernels.launch import (
+    cdiv,
+    finish,
+    next_power_of_2,
+    require_launchable,
+    staging_buffer,
+)
 from reference_engine.ops.linear_attention import _check_out, _check_qkv
 from reference_engine.ops.registry import satisfies
 
@@ -78,10 +84,10 @@ def gdn_recurrent_decode(
     target = state_out if state_out.is_contiguous() else torch.empty_like(state_out, memory_format=torch.contiguous_format)
     buffer = staging_buffer(out)
     result = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
-    block_v = min(32, triton.next_power_of_2(v_dim))
-    _gdn_decode_kernel[(batch, num_v_heads, triton.cdiv(v_dim, block_v))](
+    block_v = min(32, next_power_of_2(v_dim))
+    _gdn_decode_kernel[(batch, num_v_heads, cdiv(v_dim, block_v))](
         query.contiguous(), key.contiguous(), value.contiguous(), g.contiguous(), beta.contiguous(), source, result, target, float(k_dim**-0.5),
-        HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_K=triton.next_power_of_2(k_dim), BLOCK_V=block_v, EPS=L2_EPS,
+        HK=num_k_heads, HV=num_v_heads, DK=k_dim, DV=v_dim, BLOCK_K=next_power_of_2(k_dim), BLOCK_V=block_v, EPS=L2_EPS,
     )
     if target is not state_out:
         state_out.copy_(target)

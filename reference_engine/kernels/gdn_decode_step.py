@@ -39,7 +39,9 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import (
+    cdiv,
     finish,
+    next_power_of_2,
     require_launchable,
     staging_buffer,
     ticket_counters,
@@ -177,11 +179,11 @@ def gdn_decode_step(
     # parameters: no-ops when contiguous (they are); the conv weight rows are then K contiguous taps
     conv_weight, A_log, dt_bias, norm_weight = conv_weight.contiguous(), A_log.contiguous(), dt_bias.contiguous(), norm_weight.contiguous()
     conv_out = torch.empty(dims.batch, dims.channels, dtype=torch.float32, device=mixed_qkv.device)  # [B, C] scratch
-    _conv_update_kernel[(dims.batch, triton.cdiv(dims.channels, CONV_BLOCK_C))](
+    _conv_update_kernel[(dims.batch, cdiv(dims.channels, CONV_BLOCK_C))](
         mixed_qkv, conv_weight, conv_state, slots, init, conv_out,
         dims.channels, mixed_qkv.stride(0), mixed_qkv.stride(1),
         conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-        K=dims.kernel, BLOCK_C=CONV_BLOCK_C, BLOCK_K=triton.next_power_of_2(dims.kernel), num_warps=CONV_WARPS,
+        K=dims.kernel, BLOCK_C=CONV_BLOCK_C, BLOCK_K=next_power_of_2(dims.kernel), num_warps=CONV_WARPS,
     )  # fmt: skip
     buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16), else `out`
     split = STEP_SPLIT if dims.batch * dims.num_v_heads < STEP_SPLIT_BELOW else 1
@@ -189,14 +191,14 @@ def gdn_decode_step(
     if split > 1:
         o_parts = torch.empty(dims.batch * dims.num_v_heads * dims.v_head_dim, dtype=torch.float32, device=mixed_qkv.device)
         counters = ticket_counters(mixed_qkv.device, dims.batch * dims.num_v_heads)
-    block_v = triton.next_power_of_2(triton.cdiv(dims.v_head_dim, split))
+    block_v = next_power_of_2(cdiv(dims.v_head_dim, split))
     _recurrent_norm_kernel[(dims.batch, dims.num_v_heads, split)](
         conv_out, z, b, a, A_log, dt_bias, norm_weight, recurrent_state, slots, init, buffer, o_parts, counters,
         z.stride(0), z.stride(1), b.stride(0), b.stride(1), a.stride(0), a.stride(1),
         recurrent_state.stride(0), recurrent_state.stride(1), recurrent_state.stride(2), recurrent_state.stride(3),
         buffer.stride(0), buffer.stride(1), float(dims.k_head_dim**-0.5), float(eps),
         HK=dims.num_k_heads, HV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim,
-        BLOCK_K=triton.next_power_of_2(dims.k_head_dim), BLOCK_V=block_v, L2_EPS=L2_EPS,
-        SPLIT=split, BLOCK_DV=triton.next_power_of_2(dims.v_head_dim), num_warps=STEP_WARPS if split == 1 else SPLIT_WARPS,
+        BLOCK_K=next_power_of_2(dims.k_head_dim), BLOCK_V=block_v, L2_EPS=L2_EPS,
+        SPLIT=split, BLOCK_DV=next_power_of_2(dims.v_head_dim), num_warps=STEP_WARPS if split == 1 else SPLIT_WARPS,
     )  # fmt: skip
     finish(buffer, out)

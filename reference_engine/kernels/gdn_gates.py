@@ -22,7 +22,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
 
-from reference_engine.kernels.launch import interpreting, require_launchable
+from reference_engine.kernels.launch import (
+    cdiv,
+    interpreting,
+    next_power_of_2,
+    require_launchable,
+)
 from reference_engine.ops.linear_attention import check_gdn_gates
 from reference_engine.ops.registry import satisfies
 
@@ -89,8 +94,8 @@ def gdn_gates(
     if tokens == 0:
         return
     a_in, b_in = (t if t.stride(1) == 1 else t.contiguous() for t in (a, b))
-    _gdn_gates_kernel[(triton.cdiv(tokens, BLOCK_T),)](
+    _gdn_gates_kernel[(cdiv(tokens, BLOCK_T),)](
         a_in, b_in, A_log.float().contiguous(), dt_bias.float().contiguous(), g, beta, valid_tokens if valid_tokens is not None else g,
         tokens, a_in.stride(0), b_in.stride(0),
-        HV=heads, BLOCK_T=BLOCK_T, BLOCK_H=triton.next_power_of_2(heads), HAS_VALID=valid_tokens is not None, LIBDEVICE=not interpreting(),
+        HV=heads, BLOCK_T=BLOCK_T, BLOCK_H=next_power_of_2(heads), HAS_VALID=valid_tokens is not None, LIBDEVICE=not interpreting(),
     )

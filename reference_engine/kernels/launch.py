@@ -6,6 +6,10 @@ kernel module). The interpreter of Triton 3.6 converts float32 to bfloat16 by tr
 GPU rounds to nearest even; under the interpreter the kernels therefore write a float32 buffer and
 torch rounds it into the 16-bit output (`staging_buffer` / `finish`), so CPU tests see the same
 rounding as the GPU.
+
+`cdiv` and `next_power_of_2` are the host-side integer helpers the wrappers use for grids and block sizes: Triton
+3.6's `triton.cdiv` / `triton.next_power_of_2` are constexpr functions whose call from Python goes through the JIT's
+call machinery (about 10 us each on a 2-core CI machine, several times a launch), for the same integer.
 """
 
 from __future__ import annotations
@@ -13,6 +17,16 @@ from __future__ import annotations
 import os
 
 import torch
+
+
+def cdiv(x: int, div: int) -> int:
+    """ceil(x / div) for a positive div: `triton.cdiv`'s value, computed on plain ints."""
+    return (x + div - 1) // div
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (0 for n <= 0): `triton.next_power_of_2`'s value, computed on plain ints."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def interpreting() -> bool:

@@ -37,8 +37,10 @@ import triton.language as tl
 
 from reference_engine.kernels import moe_grouped_decode, moe_grouped_half, router
 from reference_engine.kernels.launch import (
+    cdiv,
     finish,
     interpreting,
+    next_power_of_2,
     require_launchable,
     staging_buffer,
     ticket_counters,
@@ -327,11 +329,11 @@ def _launch(
     # Under the interpreter the activation is written in float32 and rounded by torch (the interpreter truncates).
     act_dtype = torch.float32 if interpreting() else x.dtype
     act = torch.empty(num_tokens * slots, intermediate, dtype=act_dtype, device=x.device)  # [T*slots, I]
-    block_n = min(gate_up_block_n, triton.next_power_of_2(intermediate))
-    block_k = min(gate_up_block_k, triton.next_power_of_2(hidden // 2 if nvfp4 else hidden))
+    block_n = min(gate_up_block_n, next_power_of_2(intermediate))
+    block_k = min(gate_up_block_k, next_power_of_2(hidden // 2 if nvfp4 else hidden))
     x = x.contiguous()
     ids = topk_ids.contiguous()
-    _gate_up_kernel[(num_tokens * slots, triton.cdiv(intermediate, block_n))](
+    _gate_up_kernel[(num_tokens * slots, cdiv(intermediate, block_n))](
         x.view(torch.int32) if half else x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=loop, DECODE=decode,
         **gate_up_shared,
@@ -340,11 +342,11 @@ def _launch(
         act = act.to(x.dtype).to(act_dtype)  # round-to-nearest-even into x's dtype, as on the GPU
     if half:
         act = act.to(x.dtype).view(torch.int32)
-    block_h = min(down_block_h, triton.next_power_of_2(hidden))
-    block_i = min(down_block_i, triton.next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
+    block_h = min(down_block_h, next_power_of_2(hidden))
+    block_i = min(down_block_i, next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
     buffer = staging_buffer(out)
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
-    row_blocks = triton.cdiv(hidden, block_h)
+    row_blocks = cdiv(hidden, block_h)
     split = max(1, min(down_split, slots))
     if split > 1:
         down_shared |= {"SPLIT": split, "workspace_ptr": torch.empty(split, num_tokens, hidden, dtype=torch.float32, device=x.device),

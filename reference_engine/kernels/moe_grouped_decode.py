@@ -37,7 +37,9 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import (
+    cdiv,
     interpreting,
+    next_power_of_2,
     require_launchable,
 )
 from reference_engine.kernels.nvfp4_gemm import (
@@ -213,13 +215,13 @@ def _groups(ids: torch.Tensor, groups: int, top_k: int) -> tuple[torch.Tensor, t
     pairs = ids.numel()
     counts = torch.empty(groups, dtype=torch.int32, device=ids.device)
     group_pairs = torch.empty(groups * pairs, dtype=torch.int32, device=ids.device)
-    _group_kernel[(groups,)](ids, counts, group_pairs, pairs, TOP_K=top_k, BLOCK_P=triton.next_power_of_2(pairs))
+    _group_kernel[(groups,)](ids, counts, group_pairs, pairs, TOP_K=top_k, BLOCK_P=next_power_of_2(pairs))
     return counts, group_pairs
 
 
 def _k_step(block_kb: int, k_bytes: int) -> int:
     """The plan's packed bytes per K step, no more than the row holds (at least 8: one dot of 16 elements)."""
-    return max(8, min(block_kb, triton.next_power_of_2(k_bytes)))
+    return max(8, min(block_kb, next_power_of_2(k_bytes)))
 
 
 def grouped_experts_with_shared(
@@ -252,9 +254,9 @@ def grouped_experts_with_shared(
     dot_kind = _dot_kind(x.dtype)
     staged = interpreting() and x.dtype != torch.float32  # the interpreter truncates float32 -> bf16; torch rounds
     act = _scratch((pairs, inter), torch.float32 if staged else x.dtype, device)  # [P, I]
-    plan_a = GemmPlan(p.block_m, min(p.gate_up_block_n, triton.next_power_of_2(inter)), _k_step(p.gate_up_block_kb, hidden // 2), p.num_warps, p.num_stages, decode=p.decode)
+    plan_a = GemmPlan(p.block_m, min(p.gate_up_block_n, next_power_of_2(inter)), _k_step(p.gate_up_block_kb, hidden // 2), p.num_warps, p.num_stages, decode=p.decode)
     decode_a = _decode(plan_a)
-    _gate_up_kernel[(groups, triton.cdiv(inter, plan_a.block_n))](
+    _gate_up_kernel[(groups, cdiv(inter, plan_a.block_n))](
         x, x.stride(0), counts, group_pairs, pairs,
         _packed_operand(gu_packed, decode_a), gu_scale, gu_scale_2,
         _packed_operand(s_gu_packed, decode_a), s_gu_scale, s_gu_scale_2, act,
@@ -264,9 +266,9 @@ def grouped_experts_with_shared(
     if staged:
         act = act.to(x.dtype)
     y = _scratch((pairs, hidden), torch.float32, device)  # [P, H] weighted expert outputs
-    plan_b = GemmPlan(p.block_m, min(p.down_block_n, triton.next_power_of_2(hidden)), _k_step(p.down_block_kb, inter // 2), p.num_warps, p.num_stages, decode=p.decode)
+    plan_b = GemmPlan(p.block_m, min(p.down_block_n, next_power_of_2(hidden)), _k_step(p.down_block_kb, inter // 2), p.num_warps, p.num_stages, decode=p.decode)
     decode_b = _decode(plan_b)
-    _down_kernel[(groups, triton.cdiv(hidden, plan_b.block_n))](
+    _down_kernel[(groups, cdiv(hidden, plan_b.block_n))](
         act, weights, counts, group_pairs, pairs,
         _packed_operand(down_packed, decode_b), down_scale, down_scale_2,
         _packed_operand(s_down_packed, decode_b), s_down_scale, s_down_scale_2, y,

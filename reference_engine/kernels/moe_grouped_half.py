@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import interpreting
+from reference_engine.kernels.launch import cdiv, interpreting, next_power_of_2
 from reference_engine.kernels.moe_grouped_decode import (
     _groups,
     _scratch,
@@ -406,7 +406,7 @@ def _down_kernel(
 
 def _steps(block_b: int, k_blocks: int) -> int:
     """Scale blocks per K step: the plan's, no more than a row holds."""
-    return max(1, min(block_b, triton.next_power_of_2(k_blocks)))
+    return max(1, min(block_b, next_power_of_2(k_blocks)))
 
 
 def runs(num_tokens: int, dtype: torch.dtype) -> bool:
@@ -440,19 +440,19 @@ def half_grouped_experts_with_shared(
     gu_packed, gu_scale, gu_scale_2, down_packed, down_scale, down_scale_2 = routed
     s_gu_packed, s_gu_scale, s_gu_scale_2, s_down_packed, s_down_scale, s_down_scale_2 = shared_tensors
     asm = not interpreting()
-    shared_chunks = triton.cdiv(tokens, CHUNK)
+    shared_chunks = cdiv(tokens, CHUNK)
     grid_groups = shared_chunks + num_experts
     x32 = x.contiguous().view(torch.int32)
-    block_n = min(p.gate_up_block_n, triton.next_power_of_2(inter))
+    block_n = min(p.gate_up_block_n, next_power_of_2(inter))
     if p.pairs:  # x once into float16 pairs; the gate/up kernel writes the activation in the same form
         _require(block_n % 8 == 0, f"pairs 1 needs gate/up rows per program in multiples of 8, got {block_n}")
         source = torch.empty_like(x32)
-        _pairs_kernel[(tokens, triton.cdiv(hidden // 16, PAIRS_BLOCK_B))](x32, source, WORDS=hidden // 2, K_BLOCKS=hidden // 16, BLOCK_B=PAIRS_BLOCK_B, ASM=asm)
+        _pairs_kernel[(tokens, cdiv(hidden // 16, PAIRS_BLOCK_B))](x32, source, WORDS=hidden // 2, K_BLOCKS=hidden // 16, BLOCK_B=PAIRS_BLOCK_B, ASM=asm)
         act = torch.full((pairs, inter // 2), 0x7E007E00, dtype=torch.int32, device=x.device) if POISON_SCRATCH else torch.empty(pairs, inter // 2, dtype=torch.int32, device=x.device)
     else:
         source = x32
         act = _scratch((pairs, inter), torch.bfloat16 if asm else torch.float32, x.device, POISON_SCRATCH)  # the interpreter truncates float32 -> bf16; torch rounds
-    _gate_up_kernel[(grid_groups, triton.cdiv(inter, block_n))](
+    _gate_up_kernel[(grid_groups, cdiv(inter, block_n))](
         source, counts, group_pairs, pairs, tokens,
         gu_packed.view(torch.int64), gu_scale, gu_scale_2, s_gu_packed.view(torch.int64), s_gu_scale, s_gu_scale_2, act,
         I=inter, H_WORDS=hidden // 2, K_BLOCKS=hidden // 16, SLOTS=slots, SHARED_CHUNKS=shared_chunks,
@@ -461,8 +461,8 @@ def half_grouped_experts_with_shared(
     if act.dtype == torch.float32:
         act = act.to(torch.bfloat16)
     y = _scratch((pairs, hidden), torch.float32, x.device, POISON_SCRATCH)  # [P, H] weighted expert outputs
-    block_n = min(p.down_block_n, triton.next_power_of_2(hidden))
-    _down_kernel[(grid_groups, triton.cdiv(hidden, block_n))](
+    block_n = min(p.down_block_n, next_power_of_2(hidden))
+    _down_kernel[(grid_groups, cdiv(hidden, block_n))](
         act.view(torch.int32), topk_weights.contiguous(), counts, group_pairs, pairs, tokens,
         down_packed.view(torch.int64), down_scale, down_scale_2, s_down_packed.view(torch.int64), s_down_scale, s_down_scale_2, y,
         H=hidden, I_WORDS=inter // 2, K_BLOCKS=inter // 16, SLOTS=slots, SHARED_CHUNKS=shared_chunks,

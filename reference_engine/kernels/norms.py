@@ -17,7 +17,12 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.kernels.launch import (
+    finish,
+    next_power_of_2,
+    require_launchable,
+    staging_buffer,
+)
 from reference_engine.ops.norms import _check_norm_inputs, _check_same
 from reference_engine.ops.registry import satisfies
 
@@ -85,7 +90,7 @@ def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=
         x_c, residual.contiguous() if residual is not None else x_c, z_c,
         weight.contiguous(), target, residual_target if residual_target is not None else target,
         steps if steps is not None else target, width, float(eps), z_heads, stride_zt,
-        MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=triton.next_power_of_2(width), STEPS=int(steps_out is not None),
+        MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=next_power_of_2(width), STEPS=int(steps_out is not None),
     )
     if residual_target is not None and residual_target is not residual_out:
         residual_out.copy_(residual_target)

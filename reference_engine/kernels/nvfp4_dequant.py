@@ -28,7 +28,12 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.kernels.launch import (
+    cdiv,
+    finish,
+    require_launchable,
+    staging_buffer,
+)
 from reference_engine.kernels.nvfp4_gemv import _decode_e2m1
 from reference_engine.ops.registry import satisfies
 from reference_engine.quant.nvfp4 import _check_quantized
@@ -64,7 +69,7 @@ def launch_dequant(weight_packed: torch.Tensor, weight_scale: torch.Tensor, scal
     rows, k_bytes = weight_packed.shape
     row_scales = scale_2.numel() == rows and rows > 1
     buffer = staging_buffer(out)
-    grid = (triton.cdiv(rows, BLOCK_N), triton.cdiv(k_bytes, BLOCK_KB))
+    grid = (cdiv(rows, BLOCK_N), cdiv(k_bytes, BLOCK_KB))
     _dequant_kernel[grid](weight_packed, weight_scale, scale_2.reshape(-1), buffer, rows, k_bytes,
                           ROW_SCALES=row_scales, BLOCK_N=BLOCK_N, BLOCK_KB=BLOCK_KB, num_warps=NUM_WARPS)  # fmt: skip
     finish(buffer, out)

@@ -79,8 +79,10 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import (
+    cdiv,
     finish,
     interpreting,
+    next_power_of_2,
     require_launchable,
     staging_buffer,
     ticket_counters,
@@ -144,7 +146,7 @@ def _packed_operand(packed: torch.Tensor, decode: int) -> torch.Tensor:
 
 
 def _pow2_between(value: int, low: int, high: int) -> int:
-    return max(low, min(high, triton.next_power_of_2(max(int(value), 1))))
+    return max(low, min(high, next_power_of_2(max(int(value), 1))))
 
 
 def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DEFAULT, num_experts: int = 1, float32: bool = False) -> GemmPlan:
@@ -161,10 +163,10 @@ def plan(kind: str, tokens: int, rows: int, k: int, sm_count: int = _SM_COUNT_DE
         if tokens <= SMALL_M_TOKENS:  # decode batches: narrower tiles and split-K, so the grid covers the SMs
             return _small_m_plan(tokens, rows, k, block_kb, sm_count)
         block_n = _pow2_between(rows, 16, 128)
-        big = tokens >= 512 and triton.cdiv(tokens, 128) * triton.cdiv(rows, block_n) >= sm_count
+        big = tokens >= 512 and cdiv(tokens, 128) * cdiv(rows, block_n) >= sm_count
         block_m = 128 if big else _pow2_between(tokens, 16, 64)
         return GemmPlan(block_m, block_n, block_kb, 8, 3)
-    mean_group = triton.cdiv(max(tokens, 1), max(num_experts, 1))
+    mean_group = cdiv(max(tokens, 1), max(num_experts, 1))
     block_m = _pow2_between(2 * mean_group, 16, min(MOE_BLOCK_M_MAX, 32 if float32 else 64))
     warps = 8 if block_m >= 64 else 4
     register = DECODE_MOE == 2 and not float32  # DECODE 2: 64-byte K steps, no pipelining stages (see `_register_products`)
@@ -212,8 +214,8 @@ def _small_m_plan(tokens: int, rows: int, k: int, block_kb: int, sm_count: int) 
         block_n, warps, split = tuned
         return GemmPlan(block_m, block_n, block_kb, warps, 3, split)
     block_n = _pow2_between(rows, 16, 64)
-    programs = triton.cdiv(tokens, block_m) * triton.cdiv(rows, block_n)
-    steps = triton.cdiv(k, 2 * block_kb)
+    programs = cdiv(tokens, block_m) * cdiv(rows, block_n)
+    steps = cdiv(k, 2 * block_kb)
     split = 1
     while programs * split < 2 * sm_count and split < 16 and steps >= 8 * split:
         split *= 2
@@ -604,11 +606,11 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
     buffer = staging_buffer(out)
     target = buffer if buffer.stride(1) == 1 else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     p = gemm_plan if gemm_plan is not None else plan("linear", tokens, rows, 2 * k_bytes, _sm_count(x.device), float32=x.dtype == torch.float32)
-    grid = (triton.cdiv(tokens, p.block_m), triton.cdiv(rows, p.block_n), p.split_k)
+    grid = (cdiv(tokens, p.block_m), cdiv(rows, p.block_n), p.split_k)
     split_bytes = k_bytes
     workspace, counters = target, target  # unused without split-K
     if p.split_k > 1:
-        split_bytes = triton.cdiv(triton.cdiv(k_bytes, p.split_k), p.block_kb) * p.block_kb
+        split_bytes = cdiv(cdiv(k_bytes, p.split_k), p.block_kb) * p.block_kb
         if split_bytes * (p.split_k - 1) >= k_bytes:
             raise ValueError(f"split_k {p.split_k} leaves an empty K slice (K = {2 * k_bytes}, K step {2 * p.block_kb})")
         tiles = grid[0] * grid[1]
@@ -889,11 +891,11 @@ def block_table(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
     starts = torch.empty(num_experts, dtype=torch.int32, device=device)
     order = torch.empty(pairs, dtype=torch.int32, device=device)
     table = torch.empty(3, blocks, dtype=torch.int32, device=device)
-    step = min(_COUNT_BLOCK_P, triton.next_power_of_2(max(pairs, 1)))
+    step = min(_COUNT_BLOCK_P, next_power_of_2(max(pairs, 1)))
     _expert_counts_kernel[(num_experts,)](flat, counts, pairs, BLOCK_P=step)
-    block_b = min(TABLE_BLOCK_B, triton.next_power_of_2(max(blocks, 1)))
-    _block_table_kernel[(triton.cdiv(blocks, block_b),)](counts, starts, table, num_experts, blocks, BLOCK_M=block_m,
-                                                          BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_B=block_b)  # fmt: skip
+    block_b = min(TABLE_BLOCK_B, next_power_of_2(max(blocks, 1)))
+    _block_table_kernel[(cdiv(blocks, block_b),)](counts, starts, table, num_experts, blocks, BLOCK_M=block_m,
+                                                          BLOCK_E=next_power_of_2(num_experts), BLOCK_B=block_b)  # fmt: skip
     _scatter_order_kernel[(num_experts,)](flat, starts, order, pairs, BLOCK_P=step)
     return order, table
 
@@ -996,14 +998,14 @@ def nvfp4_moe_prefill(
         if x_steps is None:
             x_steps = permute_steps(x)  # the operand's K order within each 128-element step (one copy of x)
         for block_m, rows_above in _token_classes(plan_a):
-            moe_gate_up_gluon_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
+            moe_gate_up_gluon_kernel[(blocks, cdiv(inter, plan_a.block_n))](
                 x_steps, order, table, experts.gate_up_packed.contiguous().view(torch.int32), experts.gate_up_scale.contiguous().view(torch.int32),
                 experts.gate_up_scale_2.contiguous(), act, blocks, x_steps.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
                 BLOCK_M=block_m, BLOCK_N=plan_a.block_n, PERMUTED_ACT=int(gluon_b), STAGES=max(plan_a.num_stages, 2),
                 TABLE_M=plan_a.block_m, ROWS_ABOVE=rows_above, num_warps=plan_a.block_n // 16, **_register_cap(plan_a),
             )
     else:
-        _moe_gate_up_kernel[(blocks, triton.cdiv(inter, plan_a.block_n))](
+        _moe_gate_up_kernel[(blocks, cdiv(inter, plan_a.block_n))](
             x, order, table, _packed_operand(experts.gate_up_packed.contiguous(), _decode(plan_a)), experts.gate_up_scale.contiguous(),
             experts.gate_up_scale_2.contiguous(), act, blocks, x.stride(0), I=inter, H_BYTES=hidden // 2, TOP_K=top_k,
             BLOCK_M=plan_a.block_m, BLOCK_N=plan_a.block_n, BLOCK_KB=plan_a.block_kb, EVEN_K=(hidden // 2) % plan_a.block_kb == 0,
@@ -1021,14 +1023,14 @@ def nvfp4_moe_prefill(
 
         act = act if gluon_a else permute_steps(act)  # the Gluon gate/up launch wrote it in step order already
         for block_m, rows_above in _token_classes(plan_b):
-            moe_down_gluon_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
+            moe_down_gluon_kernel[(blocks, cdiv(hidden, plan_b.block_n))](
                 act, order, topk_weights.contiguous(), table, experts.down_packed.contiguous().view(torch.int32),
                 experts.down_scale.contiguous().view(torch.int32), experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
                 BLOCK_M=block_m, BLOCK_N=plan_b.block_n, STAGES=max(plan_b.num_stages, 2), TABLE_M=plan_b.block_m, ROWS_ABOVE=rows_above,
                 num_warps=plan_b.block_n // 16, **_register_cap(plan_b),
             )
     else:
-        _moe_down_kernel[(blocks, triton.cdiv(hidden, plan_b.block_n))](
+        _moe_down_kernel[(blocks, cdiv(hidden, plan_b.block_n))](
             act, order, topk_weights.contiguous(), table, _packed_operand(experts.down_packed.contiguous(), _decode(plan_b)), experts.down_scale.contiguous(),
             experts.down_scale_2.contiguous(), pair_out, blocks, H=hidden, I_BYTES=inter // 2,
             BLOCK_M=plan_b.block_m, BLOCK_N=plan_b.block_n, BLOCK_KB=plan_b.block_kb, EVEN_K=(inter // 2) % plan_b.block_kb == 0,
@@ -1059,9 +1061,9 @@ def slot_sum(y: torch.Tensor, out: torch.Tensor, slots: int, shared: tuple[torch
     tokens, hidden = out.shape
     buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16), else `out`
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
-    block_h = min(SLOT_SUM_BLOCK_H, triton.next_power_of_2(hidden))
+    block_h = min(SLOT_SUM_BLOCK_H, next_power_of_2(hidden))
     s, logit = shared if shared is not None else (y, y)  # unread without SHARED
-    _slot_sum_kernel[(tokens, triton.cdiv(hidden, block_h))](
+    _slot_sum_kernel[(tokens, cdiv(hidden, block_h))](
         y, target, s, logit, s.stride(0), logit.stride(0), H=hidden, SLOTS=slots, BLOCK_H=block_h, SHARED=shared is not None,
     )
     if target is not buffer:

@@ -23,8 +23,10 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import (
+    cdiv,
     finish,
     interpreting,
+    next_power_of_2,
     require_launchable,
     staging_buffer,
     ticket_counters,
@@ -216,9 +218,9 @@ def plan(tokens: int, rows: int, k_bytes: int, sm_count: int) -> tuple[int, int,
     """(BLOCK_M, BLOCK_N, BLOCK_KB, SPLIT_K) for a [tokens, 2 * k_bytes] x [rows, 2 * k_bytes]^T product."""
     block_m = 1 if tokens == 1 else 2 if tokens == 2 else 4
     block_n = 16
-    block_kb = min(128 if tokens <= 2 else 64, triton.next_power_of_2(k_bytes))  # 16 bytes per thread at BLOCK_N 16
-    programs = triton.cdiv(rows, block_n) * triton.cdiv(tokens, block_m)
-    steps = triton.cdiv(k_bytes, block_kb)
+    block_kb = min(128 if tokens <= 2 else 64, next_power_of_2(k_bytes))  # 16 bytes per thread at BLOCK_N 16
+    programs = cdiv(rows, block_n) * cdiv(tokens, block_m)
+    steps = cdiv(k_bytes, block_kb)
     split_k = 1
     while programs * split_k < 2 * sm_count and split_k * 2 <= steps and split_k < 16:
         split_k *= 2
@@ -251,11 +253,11 @@ def launch_w4a16_gemv(
         codes = weight_packed.view(torch.int32)  # [N, K/8] words, read little-endian: code i of a word in bits 4i..4i+3
     else:
         words = 0
-    steps = triton.cdiv(k_bytes, block_kb)
-    steps_per_split = triton.cdiv(steps, split_k)
+    steps = cdiv(k_bytes, block_kb)
+    steps_per_split = cdiv(steps, split_k)
     row_scales = torch.as_tensor(weight_scale_2).numel() == rows and rows > 1
     scale_2 = torch.as_tensor(weight_scale_2, dtype=torch.float32, device=x2d.device).reshape(-1)
-    grid = (triton.cdiv(rows, block_n), triton.cdiv(tokens, block_m), split_k)
+    grid = (cdiv(rows, block_n), cdiv(tokens, block_m), split_k)
     target = out2d if split_k == 1 else torch.empty((split_k, tokens, rows), dtype=torch.float32, device=x2d.device)
     _w4a16_gemv_kernel[grid](
         x2d, codes, weight_scale, scale_2, target,
@@ -265,7 +267,7 @@ def launch_w4a16_gemv(
     )
     if split_k > 1:
         block = 256
-        _split_k_reduce_kernel[(triton.cdiv(rows, block), tokens)](target, out2d, tokens, rows, out2d.stride(0), SPLIT_K=split_k, BLOCK=block)
+        _split_k_reduce_kernel[(cdiv(rows, block), tokens)](target, out2d, tokens, rows, out2d.stride(0), SPLIT_K=split_k, BLOCK=block)
 
 
 def _half_path_ok(x2d: torch.Tensor, weight_packed: torch.Tensor, block_kb: int) -> bool:
@@ -282,10 +284,10 @@ def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_
     from reference_engine.kernels.nvfp4_half_dot import _w4a16_gemv_half_kernel
 
     rows, k_blocks = weight_packed.shape[0], weight_packed.shape[1] // 8
-    steps_per_split = triton.cdiv(triton.cdiv(k_blocks, block_b), split_k)
+    steps_per_split = cdiv(cdiv(k_blocks, block_b), split_k)
     row_scales = torch.as_tensor(weight_scale_2).numel() == rows and rows > 1
     scale_2 = torch.as_tensor(weight_scale_2, dtype=torch.float32, device=x2d.device).reshape(-1)
-    row_blocks = triton.cdiv(rows, block_n)
+    row_blocks = cdiv(rows, block_n)
     workspace, counters = out2d, out2d  # unused without split-K
     if split_k > 1:
         workspace = torch.empty((split_k, rows), dtype=torch.float32, device=x2d.device)

@@ -22,7 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import finish, require_launchable, staging_buffer
+from reference_engine.kernels.launch import (
+    cdiv,
+    finish,
+    next_power_of_2,
+    require_launchable,
+    staging_buffer,
+)
 from reference_engine.ops.attention import _check_like, _check_paged, _require
 from reference_engine.ops.registry import satisfies
 from reference_engine.ops.static_moe import capturing
@@ -117,9 +123,9 @@ WAVES = 2  # splits enough to fill the multiprocessors this many times over (few
 def plan(batch: int, kv_heads: int, capacity: int, sm_count: int) -> tuple[int, int, int]:
     """(BLOCK_T, TOKENS_PER_SPLIT, SPLITS) for a table of `capacity` tokens per sequence; no seq_lens needed."""
     block_t = 16
-    wanted = max(1, triton.cdiv(WAVES * sm_count, batch * kv_heads))  # splits per (sequence, KV head)
-    tokens_per_split = max(MIN_TOKENS_PER_SPLIT, block_t, triton.next_power_of_2(triton.cdiv(capacity, wanted)))
-    splits = triton.cdiv(capacity, tokens_per_split)
+    wanted = max(1, cdiv(WAVES * sm_count, batch * kv_heads))  # splits per (sequence, KV head)
+    tokens_per_split = max(MIN_TOKENS_PER_SPLIT, block_t, next_power_of_2(cdiv(capacity, wanted)))
+    splits = cdiv(capacity, tokens_per_split)
     return block_t, tokens_per_split, splits
 
 
@@ -141,8 +147,8 @@ def _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate) -
     _, block_size, kv_heads, _ = k_cache.shape
     if batch == 0:
         return
-    block_g = max(16, triton.next_power_of_2(query_heads // kv_heads))
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_g = max(16, next_power_of_2(query_heads // kv_heads))
+    block_d = max(16, next_power_of_2(head_dim))
     block_t, tokens_per_split, splits = plan(batch, kv_heads, block_tables.shape[1] * block_size, _sm_count(query.device))
     device = query.device
     part_acc = torch.empty(batch * kv_heads * splits * block_g * block_d, dtype=torch.float32, device=device)
@@ -160,7 +166,7 @@ def _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate) -
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
     _combine_kernel[(batch, query_heads)](
         part_acc, part_m, part_l, target, query if gate is None else gate, 0 if gate is None else gate.stride(0), splits,
-        HQ=query_heads, HKV=kv_heads, D=head_dim, BLOCK_S=triton.next_power_of_2(splits), BLOCK_G=block_g, BLOCK_D=block_d,
+        HQ=query_heads, HKV=kv_heads, D=head_dim, BLOCK_S=next_power_of_2(splits), BLOCK_G=block_g, BLOCK_D=block_d,
         GATED=gate is not None,
     )
     if target is not buffer:

@@ -21,7 +21,12 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels.launch import require_launchable, ticket_counters
+from reference_engine.kernels.launch import (
+    cdiv,
+    next_power_of_2,
+    require_launchable,
+    ticket_counters,
+)
 from reference_engine.ops.moe import _check_out, _require, check_router_with_shared
 from reference_engine.ops.registry import satisfies
 
@@ -135,7 +140,7 @@ def _launch(router_logits, topk_weights, topk_ids, num_experts: int, top_k: int,
     ids = topk_ids if topk_ids.is_contiguous() else torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
     _router_topk_kernel[(num_tokens,)](
         logits, weights, ids, num_experts, logits.stride(0),
-        TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k), WITH_SHARED=with_shared,
+        TOP_K=top_k, BLOCK_E=next_power_of_2(num_experts), BLOCK_K=next_power_of_2(top_k), WITH_SHARED=with_shared,
     )
     if weights is not topk_weights:
         topk_weights.copy_(weights)
@@ -164,11 +169,11 @@ def router_gemv_topk_with_shared(
     if num_tokens == 0:
         return
     logits = torch.empty(num_tokens, num_experts + 1, dtype=x.dtype, device=x.device)
-    row_blocks = triton.cdiv(num_experts + 1, ROUTER_ROWS)
+    row_blocks = cdiv(num_experts + 1, ROUTER_ROWS)
     _router_gemv_topk_kernel[(row_blocks, num_tokens)](
         x, router_weight, logits, ticket_counters(x.device, num_tokens), topk_weights, topk_ids, num_experts, hidden,
-        TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
-        BLOCK_R=ROUTER_ROWS, BLOCK_H=min(ROUTER_BLOCK_H, triton.next_power_of_2(hidden)), ROW_BLOCKS=row_blocks, num_warps=ROUTER_WARPS,
+        TOP_K=top_k, BLOCK_E=next_power_of_2(num_experts), BLOCK_K=next_power_of_2(top_k),
+        BLOCK_R=ROUTER_ROWS, BLOCK_H=min(ROUTER_BLOCK_H, next_power_of_2(hidden)), ROW_BLOCKS=row_blocks, num_warps=ROUTER_WARPS,
     )
 
 

@@ -74,3 +74,15 @@ def test_every_kernel_compiles_for_sm_90_without_a_gpu():
     result = subprocess.run([sys.executable, "benchmarks/kernels/compile_sm90.py"], check=False, cwd=REPO, capture_output=True, text=True, timeout=300, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": "/tmp"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.count("ok ") >= 16, result.stdout
+
+
+def test_host_integer_helpers_equal_tritons():
+    """The wrappers' plain-int `cdiv` / `next_power_of_2` give Triton's values (they replace its slower host calls)."""
+    import triton
+
+    from reference_engine.kernels.launch import cdiv, next_power_of_2
+
+    for n in [*range(-3, 300), 1023, 1024, 1025, 2**20 - 1, 2**20, 2**31 - 1, 2**31]:
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for div in (1, 2, 3, 16, 64, 127, 128, 132):
+            assert cdiv(n, div) == triton.cdiv(n, div), (n, div)
