@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_engine.model.eager_ops import eager_op, triton_allowed
+from reference_engine.model.eager_ops import eager_op
 from reference_engine.model.experts import RoutedExperts
 from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
@@ -104,7 +104,7 @@ class SparseMoeBlock:
     def steps_buffer(self, x: torch.Tensor) -> torch.Tensor | None:
         """An empty buffer like x for x in `permute_steps` order when this block's eager prefill of x would read x so
         (the fused form with the experts' Gluon gate/up launch on the GPU), else None."""
-        if self.shared_nvfp4 is None or not (x.is_cuda and triton_allowed(x)):
+        if self.shared_nvfp4 is None:
             return None
         return torch.empty_like(x) if self.experts.prefill_takes_steps(x, self.top_k) else None
 
