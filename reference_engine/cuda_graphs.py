@@ -32,6 +32,7 @@ DECODE_MODES = ("eager", "static", "graphs")
 @dataclass(frozen=True)
 class StaticDecodeBatch(ForwardBatch):
     ops: Any = None  # ops.backend.OpSet: the capturable decode ops (torch static variants or Triton kernels) the model calls
+    prefetch: Any = None  # kernels.l2_prefetch.LayerPrefetch or None: the next layer's weights warmed in L2 on a side stream
 
 
 def bucket_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -109,6 +110,11 @@ class StaticDecoder:
         self.model, self.caches, self.scratch, self.use_graphs = model, caches, scratch, use_graphs
         self.ops = ops  # ops.backend.OpSet
         self.device = device
+        self.prefetch = None  # kernels.l2_prefetch.LayerPrefetch: set where the Triton ops run on CUDA and the tuning turns it on
+        if device.type == "cuda" and "triton" in getattr(ops, "backends", {}).values():
+            from reference_engine.kernels import l2_prefetch
+
+            self.prefetch = l2_prefetch.for_model(model)
         self.buckets = bucket_sizes(max_num_seqs)
         self.max_blocks_per_seq = max_blocks_per_seq
         rows = max_num_seqs
@@ -169,6 +175,7 @@ class StaticDecoder:
             logits_indices=self.logits_indices[:bucket],  # [b]
             is_decode=True,
             ops=self.ops,
+            prefetch=self.prefetch,
         )
 
     def fill(self, plan: SchedulerOutput) -> int:

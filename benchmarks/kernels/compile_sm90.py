@@ -22,6 +22,7 @@ from reference_engine.kernels import (
     gdn_decode,
     gdn_decode_step,
     gdn_gates,
+    l2_prefetch,
     moe_decode,
     moe_grouped_half,
     norms,
@@ -77,6 +78,7 @@ def configs():
         yield f"moe half grouped down {rows}x{blocks} pairs={pairs}", moe_grouped_half._down_kernel, half_grouped | {"act32_ptr": "*i32", "weights_ptr": "*fp32", "y_ptr": "*fp32"}, {
             "H": 2048, "I_WORDS": 256, "K_BLOCKS": 32, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": min(blocks, 32), "ASM": True, "PAIRS": pairs, "num_warps": warps}
     yield "moe half grouped x pairs", moe_grouped_half._pairs_kernel, {"x32_ptr": "*i32", "out_ptr": "*i32"}, {"WORDS": 1024, "K_BLOCKS": 128, "BLOCK_B": 32, "ASM": True}
+    yield "l2 prefetch", l2_prefetch._l2_prefetch_kernel, {"table_ptr": "*i64", "n": I32}, {"BLOCK": l2_prefetch.BLOCK}
     yield "dense gemv", dense_gemv._dense_gemv_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "N": I32, "stride_xm": I32, "stride_om": I32}, {"K": 2048, "TOKENS": 1, "BLOCK_N": 2, "BLOCK_K": 2048}
     yield "router logits + top-k", router._router_gemv_topk_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "counter_ptr": "*i32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32}, {"H": 2048, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "BLOCK_R": 4, "BLOCK_H": 512, "ROW_BLOCKS": 65}
     yield "router", router._router_topk_kernel, {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32, "stride_t": I32}, {"TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8}

@@ -40,7 +40,8 @@ CUDA cores (checked first), and its tiles; `dequant_min_tokens` the prompt lengt
 decode their weights once into bfloat16 and call cuBLAS (`benchmarks/kernels/time_dequant_gemm.py`), `dequant_cache`
 whether those copies are kept between prefills;
 `paged_min_tokens_per_split` and `paged_waves` the split plan of the paged decode attention
-(`benchmarks/kernels/time_paged_decode.py`).
+(`benchmarks/kernels/time_paged_decode.py`); `l2_prefetch` ("off", "mixer", "moe") whether and where each decode
+layer warms the next layer's weights in L2 (`kernels/l2_prefetch.py`, `benchmarks/kernels/time_l2_prefetch.py`).
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
 their measured configuration (others keep `nvfp4_gemv.plan`), the MoE settings replace the module
@@ -138,6 +139,7 @@ class TuningFile(BaseModel):
     gemm_prefetch_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: next K step's x and scales loaded ahead
     gemm_prefetch_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
     gemm_swap_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: weight tile as the dot's first operand
+    l2_prefetch: Literal["off", "mixer", "moe"] | None = None  # CUDA-graph decode: where layer l issues layer l + 1's L2 prefetch
     gemm_swap_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
     gemm_decode_moe: int | None = Field(default=None, ge=1, le=2)  # the routed experts' prefill GEMMs: 2 decodes into the register operand
     moe_prefill_fused_gate_up: int | None = Field(default=None, ge=0, le=1)  # their gate/up launch: 1 one dot over interleaved gate and up rows
@@ -168,6 +170,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
         dense_gemv,
         gdn_chunked_prefill,
         gdn_decode_step,
+        l2_prefetch,
         moe_decode,
         moe_grouped_decode,
         moe_grouped_half,
@@ -207,6 +210,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
         gdn_chunked_prefill.SCAN_STAGES = tuning.gdn_prefill_scan_stages
     if tuning.gdn_prefill_prepare_warps is not None:
         gdn_chunked_prefill.PREPARE_WARPS = tuning.gdn_prefill_prepare_warps
+    if tuning.l2_prefetch is not None:
+        l2_prefetch.POINT = None if tuning.l2_prefetch == "off" else tuning.l2_prefetch
     if tuning.dequant_min_tokens is not None:
         nvfp4_dequant.MIN_TOKENS = tuning.dequant_min_tokens
     if tuning.dequant_cache is not None:

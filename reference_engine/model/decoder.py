@@ -37,6 +37,9 @@ class DecoderLayer:
         Returns (this layer's MoE output, the residual stream before it); their sum is the layer's output.
         """
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
+        prefetch = getattr(batch, "prefetch", None)  # static decode: warms the next layer's weights in L2 (kernels/l2_prefetch.py)
+        if prefetch is not None:
+            prefetch.at(self.layer_index, "mixer")
         norm = ops.rms_norm if ops is not None else eager_op("rms_norm", x)
         add_norm = ops.fused_add_rms_norm if ops is not None else eager_op("fused_add_rms_norm", x)
         normed = torch.empty_like(x)  # [T, H]
@@ -48,6 +51,8 @@ class DecoderLayer:
             add_norm(x, residual, self.input_layernorm, out=normed, residual_out=new_residual, eps=self.eps)
             residual = new_residual
         mixed = self.mixer(normed, batch, caches)  # [T, H]
+        if prefetch is not None:
+            prefetch.at(self.layer_index, "moe")
         post_normed, post_residual = torch.empty_like(x), torch.empty_like(x)  # [T, H]
         # The eager prefill's experts may read the normed input in another column order: the norm writes that too.
         steps = self.mlp.steps_buffer(post_normed) if ops is None and eager_backend("fused_add_rms_norm", mixed) == "triton" else None

@@ -50,7 +50,11 @@ class Qwen35MoeModel:
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
         add_norm = ops.fused_add_rms_norm if ops is not None else eager_op("fused_add_rms_norm", hidden)
         add_norm(hidden, residual, self.norm, out=normed, residual_out=summed, eps=self.config.rms_norm_eps)
-        return self.lm_head(normed, ops).float()  # [B, V]
+        logits = self.lm_head(normed, ops).float()  # [B, V]
+        prefetch = getattr(batch, "prefetch", None)  # static decode: the layers' L2 prefetch stream joins back here
+        if prefetch is not None:
+            prefetch.join()
+        return logits
 
     __call__ = forward
 
