@@ -49,7 +49,8 @@ def markdown(document: dict) -> str:
         f"# Engine benchmark: {document['name']}",
         "",
         *(["**Partial: the run ended before every figure was measured.**", ""] if document.get("partial") else []),
-        f"- device: {env['device_name']}; torch {env['torch']}, triton {env['triton']}, transformers {env['transformers']}; commit {env['commit']}",
+        f"- device: {env['device_name']}; torch {env['torch']}, triton {env['triton']}, transformers {env['transformers']}; commit {env['commit']}"
+        + (f"; kernel tuning {env['tuning_file']}" if env.get("tuning_file") else ""),
         (
             f"- model: {document['model']['preset']} architecture, seeded random weights, linears {document['model']['quantize']}, "
             f"LM head {document['model']['lm_head']}, activations {document['model']['dtype']}; fast path: {gate['fast_mode']}"

@@ -108,7 +108,18 @@ def environment(device: torch.device, commit: str | None) -> dict:
         "flash_linear_attention": _version("flash-linear-attention"),
         "commit": commit or _commit(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "tuning_file": _tuning_file(device),
     }
+
+
+def _tuning_file(device: torch.device) -> str | None:
+    """The kernel tuning file the Triton op set applies on this card (its own or its architecture's), or None."""
+    if device.type != "cuda":
+        return None
+    from reference_engine.kernels.tuning import tuning_path
+
+    path = tuning_path(torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+    return None if path is None else path.name
 
 
 def _device_label(device_name: str) -> str:

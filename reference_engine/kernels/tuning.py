@@ -45,8 +45,9 @@ layer warms the next layer's weights in L2 (`kernels/l2_prefetch.py`, `benchmark
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
 their measured configuration (others keep `nvfp4_gemv.plan`), the MoE settings replace the module
-defaults. `apply_for_device(name)` applies `reference_engine/kernels/tuned/<device>.json` when one exists
-for that device (the Triton op set calls it). Settings change speed only: every configuration computes
+defaults. `apply_for_device(name, capability)` applies `reference_engine/kernels/tuned/<device>.json` when one exists
+for that device, else the file of a card of the same compute capability (`SAME_ARCHITECTURE`: an H100 takes the H200's);
+the Triton op set calls it. Settings change speed only: every configuration computes
 the same function (the scripts check each output against the torch op before timing it).
 """
 
@@ -237,6 +238,22 @@ def apply_tuning(path: str | Path) -> TuningFile:
     return tuning
 
 
-def apply_for_device(device_name: str) -> TuningFile | None:
-    path = device_file(device_name)
-    return apply_tuning(path) if path.exists() else None
+# A card with no file of its own takes the file measured on a card of the same architecture (compute capability): the
+# same multiprocessors, shared memory and instructions, another memory system. benchmarks/NOTES.md, run55 and run57: on
+# an H100 the batch-1 decode graph took 4.01 ms with the untuned defaults and 2.61 ms with the H200's file.
+SAME_ARCHITECTURE = {(9, 0): "nvidia-h200.json"}
+
+
+def tuning_path(device_name: str, capability: tuple[int, int] | None = None) -> Path | None:
+    """The tuning file for this card: its own (`device_file`), else its architecture's (`SAME_ARCHITECTURE`), else None."""
+    own = device_file(device_name)
+    if own.exists():
+        return own
+    shared = SAME_ARCHITECTURE.get(tuple(capability)) if capability is not None else None
+    return TUNED_DIR / shared if shared is not None and (TUNED_DIR / shared).exists() else None
+
+
+def apply_for_device(device_name: str, capability: tuple[int, int] | None = None) -> TuningFile | None:
+    """Install `tuning_path(device_name, capability)`; None (nothing changed) when there is none."""
+    path = tuning_path(device_name, capability)
+    return apply_tuning(path) if path is not None else None

@@ -140,7 +140,7 @@ def triton_kernels() -> dict[str, Callable]:
 
 def select_ops(device: str, use_triton: bool = True) -> OpSet:
     """Torch ops, with the Triton kernels that exist swapped in on CUDA (compute capability >= 9.0), and the
-    card's measured kernel settings (`kernels/tuned/<device>.json`) applied where that file exists."""
+    card's measured kernel settings (`kernels/tuned/<device>.json`, else its architecture's file) applied where one exists."""
     import torch
 
     ops = torch_ops()
@@ -150,6 +150,6 @@ def select_ops(device: str, use_triton: bool = True) -> OpSet:
     kernels = triton_kernels()
     from reference_engine.kernels.tuning import apply_for_device
 
-    apply_for_device(torch.cuda.get_device_name(torch.device(device)))  # measured tiles for this card, where recorded
+    apply_for_device(torch.cuda.get_device_name(torch.device(device)), capability)  # measured tiles for this card or its architecture
     backends = dict(ops.backends) | {name: "triton" for name in kernels}
     return replace(ops, **kernels, backends=backends)

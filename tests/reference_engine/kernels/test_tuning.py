@@ -25,6 +25,16 @@ def test_device_file_names() -> None:
     assert tuning.apply_for_device("A device with no tuning file") is None
 
 
+def test_a_card_without_a_file_takes_its_architectures_file() -> None:
+    h200 = tuning.device_file("NVIDIA H200")
+    assert h200.exists()
+    assert tuning.tuning_path("NVIDIA H200") == h200
+    assert tuning.tuning_path("NVIDIA H100 80GB HBM3", (9, 0)) == h200  # same compute capability: the H200's file
+    assert tuning.tuning_path("NVIDIA H100 80GB HBM3") is None  # capability unknown: nothing
+    assert tuning.tuning_path("NVIDIA A100-SXM4-80GB", (8, 0)) is None  # no file for that architecture
+    assert tuning.tuning_path("NVIDIA B200", (10, 0)) is None
+
+
 SCRIPT = r"""
 import json, tempfile, torch
 from reference_engine.kernels import moe_decode, nvfp4_gemv, tuning
