@@ -88,6 +88,12 @@ def configs():
                 "q_scale": "fp32", "eps": "fp32"}  # fmt: skip
     for split, warps in ((1, 8), (4, 4), (16, 4)):
         yield f"gdn decode step split={split}", gdn_decode_step._recurrent_norm_kernel, step_sig, {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 128 // split, "L2_EPS": 1e-6, "SPLIT": split, "BLOCK_DV": 128}
+    fused_sig = step_sig | {"x_ptr": "*bf16", "conv_w_ptr": "*bf16", "conv_state_ptr": "*bf16", "conv_counter_ptr": "*i32",
+                            **{name: I32 for name in ("stride_xb", "stride_xc", "stride_cs", "stride_cc", "stride_ck")}}  # fmt: skip
+    for split in (1, 4):
+        yield f"gdn decode step fused conv split={split}", gdn_decode_step._recurrent_norm_kernel, fused_sig, {
+            "HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 128 // split, "L2_EPS": 1e-6, "SPLIT": split, "BLOCK_DV": 128,
+            "FUSED_CONV": True, "KW": 4, "BLOCK_KW": 4, "QK_WRITER": -1}
     yield "gdn decode", gdn_decode._gdn_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": "*bf16", "state_out_ptr": "*fp32", "q_scale": "fp32"}, {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 32, "EPS": 1e-6}
     for dtype, ieee in (("*bf16", False), ("*fp32", True)):
         yield f"paged split {dtype}", paged_decode._paged_split_kernel, {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "tables_ptr": "*i32", "lens_ptr": "*i32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "scale": "fp32", "MAX_BLOCKS": I32, "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BS": 16, "TOKENS_PER_SPLIT": 64, "BLOCK_T": 16, "BLOCK_G": 16, "BLOCK_D": 256, "IEEE": ieee}

@@ -41,7 +41,8 @@ BATCHES = (1, 8, 32, 64)  # the GDN step and the router are timed at each; the s
 # prefix from batch 1 where the new path wins
 
 
-def gdn_step(batch: int) -> dict:
+def gdn_step_setup(batch: int):
+    """(call(index), pools, out, copies): the fused GDN decode step at the real head shapes on pool copy `index`."""
     hk, hv, d, kernel = 16, 32, 128, 4
     channels = 2 * hk * d + hv * d
     copies = max(2, 48 // batch)  # state pools of 2 MiB per sequence: more bytes than the L2 holds in every graph
@@ -61,6 +62,11 @@ def gdn_step(batch: int) -> dict:
         conv, rec = pools[index]
         gdn_decode_step.gdn_decode_step(mixed, z, b, a, conv_weight, a_log, dt_bias, norm_weight, conv, rec, slots, init, out, 1e-6)
 
+    return call, pools, out, copies
+
+
+def gdn_step(batch: int) -> dict:
+    call, pools, out, copies = gdn_step_setup(batch)
     record, outputs = {}, {}
     saved = [(c.clone(), r.clone()) for c, r in pools[:1]]
     for name, below, split in (*((f"split {n}", 1 << 30, n) for n in SPLITS), ("one program per head", 0, 4)):

@@ -1,4 +1,4 @@
-"""Fused Gated DeltaNet decode step in two Triton launches, states updated in place in the pools.
+"""Fused Gated DeltaNet decode step in two Triton launches (or one), states updated in place in the pools.
 
 Same function and signature as `reference_engine.ops.linear_attention.gdn_decode_step` (the torch
 composition). Replaces, per GDN layer and decode step, the gather of both states at the slots,
@@ -26,6 +26,14 @@ there are only Hv = 32 programs, so per-program memory parallelism decides the t
 `STEP_SPLIT_BELOW` (row, head) pairs the head's value columns are split over `STEP_SPLIT` programs instead
 (the state columns are independent); each stores its o part in a float32 scratch and takes a ticket, and
 the program drawing the last ticket applies the gated norm over the whole head and resets the counter.
+
+Fused conv (`FUSED_CONV`, off until timed): launch 2 does the conv itself and launch 1 is not made. A program reads
+the windows of the channels it needs (q and k of its key head, v of its value columns) and computes the same float32
+silu(conv) in registers. Its v channels belong to it alone, so it stores their shifted window directly. The q/k channels
+of a key head are read by SHARERS = (Hv / Hk) * split programs of the row, so none may shift them before all have read:
+each takes a ticket from a per-(row, key head) counter after reading (release), and the one drawing the last ticket
+stores the shifted q/k window and resets the counter. With the same arithmetic in the same order, the outputs and both
+states equal the two-launch form's bit for bit (the interpreter tests check it, and that a first-ticket writer is caught).
 
 Differences from the torch op: conv outputs stay float32 (the torch op rounds them to the model
 dtype) and o enters the norm in float32 (the torch op rounds it first). Padding rows that share one
@@ -55,6 +63,33 @@ STEP_WARPS = 8  # a 128 x 128 float32 state tile: 64 registers per thread for th
 # Few programs (batch 1: Hv = 32) leave most multiprocessors idle: below STEP_SPLIT_BELOW (row, head) pairs each
 # head's value columns are split over STEP_SPLIT programs, and the last one of a head applies the gated norm.
 STEP_SPLIT, STEP_SPLIT_BELOW, SPLIT_WARPS = 4, 128, 4
+# One launch instead of two (module docstring, "Fused conv"): off until timed on the GPU (tuning key `gdn_step_fused_conv`).
+FUSED_CONV = False
+QK_WRITER = -1  # which ticket stores the shared q/k conv state: -1 the last (correct); tests set 0 to show a wrong writer is caught
+
+
+@triton.jit
+def _conv_window(x_ptr, w_ptr, state_ptr, row, slot, has_state, chans, c_ok, stride_xb, stride_xc, stride_ss, stride_sc, stride_sk,
+                 K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Channels `chans` of one sequence: (silu(conv) [BC] float32, window [BC, BK] float32, its state offsets [BC, BK]).
+    The window holds the K-1 cached inputs at `slot` (zeros without a state), oldest first, then the new input."""
+    taps = tl.arange(0, BLOCK_K)  # [BK], window position: 0..K-2 cached inputs (oldest first), K-1 the new input
+    x = tl.load(x_ptr + row * stride_xb + chans * stride_xc, mask=c_ok, other=0.0).to(tl.float32)  # [BC]
+    w = tl.load(w_ptr + chans[:, None] * K + taps[None, :], mask=c_ok[:, None] & (taps[None, :] < K), other=0.0).to(tl.float32)
+    state_offsets = slot * stride_ss + chans[:, None] * stride_sc + taps[None, :] * stride_sk  # [BC, BK]
+    cached = tl.load(state_ptr + state_offsets, mask=c_ok[:, None] & (taps[None, :] < K - 1) & has_state, other=0.0).to(tl.float32)
+    window = tl.where(taps[None, :] == K - 1, x[:, None], cached)  # [BC, BK]
+    acc = tl.sum(window * w, axis=1)  # [BC]
+    return acc * tl.sigmoid(acc), window, state_offsets
+
+
+@triton.jit
+def _store_shifted(state_ptr, window, state_offsets, c_ok, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """new state[:, j] = window[:, j + 1]: a one-hot select (exact), so the store depends on the loads."""
+    taps = tl.arange(0, BLOCK_K)
+    pick = taps[None, None, :] == taps[None, :, None] + 1  # [1, BK (j), BK (t)]
+    shifted = tl.sum(tl.where(pick, window[:, None, :], 0.0), axis=2)  # [BC, BK]
+    tl.store(state_ptr + state_offsets, shifted.to(state_ptr.dtype.element_ty), mask=c_ok[:, None] & (taps[None, :] < K - 1))
 
 
 @triton.jit
@@ -65,21 +100,13 @@ def _conv_update_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     chans = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BC]
-    taps = tl.arange(0, BLOCK_K)  # [BK], window position: 0..K-2 cached inputs (oldest first), K-1 the new input
     c_ok = chans < C
     slot = tl.load(slots_ptr + row)  # int64
     has_state = tl.load(init_ptr + row) != 0
-    x = tl.load(x_ptr + row * stride_xb + chans * stride_xc, mask=c_ok, other=0.0).to(tl.float32)  # [BC]
-    w = tl.load(w_ptr + chans[:, None] * K + taps[None, :], mask=c_ok[:, None] & (taps[None, :] < K), other=0.0).to(tl.float32)
-    state_offsets = slot * stride_ss + chans[:, None] * stride_sc + taps[None, :] * stride_sk  # [BC, BK]
-    cached = tl.load(state_ptr + state_offsets, mask=c_ok[:, None] & (taps[None, :] < K - 1) & has_state, other=0.0).to(tl.float32)
-    window = tl.where(taps[None, :] == K - 1, x[:, None], cached)  # [BC, BK]
-    acc = tl.sum(window * w, axis=1)  # [BC]
-    tl.store(conv_out_ptr + row * C + chans, acc * tl.sigmoid(acc), mask=c_ok)
-    # new state[:, j] = window[:, j + 1]: a one-hot select (exact), so the store depends on the loads
-    pick = taps[None, None, :] == taps[None, :, None] + 1  # [1, BK (j), BK (t)]
-    shifted = tl.sum(tl.where(pick, window[:, None, :], 0.0), axis=2)  # [BC, BK]
-    tl.store(state_ptr + state_offsets, shifted.to(state_ptr.dtype.element_ty), mask=c_ok[:, None] & (taps[None, :] < K - 1))
+    y, window, state_offsets = _conv_window(x_ptr, w_ptr, state_ptr, row, slot, has_state, chans, c_ok, stride_xb, stride_xc,
+                                            stride_ss, stride_sc, stride_sk, K, BLOCK_K)  # fmt: skip
+    tl.store(conv_out_ptr + row * C + chans, y, mask=c_ok)
+    _store_shifted(state_ptr, window, state_offsets, c_ok, K, BLOCK_K)
 
 
 @triton.jit
@@ -101,6 +128,8 @@ def _recurrent_norm_kernel(
     q_scale, eps,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2_EPS: tl.constexpr, SPLIT: tl.constexpr = 1, BLOCK_DV: tl.constexpr = 0,
+    x_ptr=None, conv_w_ptr=None, conv_state_ptr=None, conv_counter_ptr=None, stride_xb=0, stride_xc=0, stride_cs=0, stride_cc=0, stride_ck=0,
+    FUSED_CONV: tl.constexpr = False, KW: tl.constexpr = 4, BLOCK_KW: tl.constexpr = 4, QK_WRITER: tl.constexpr = -1,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -110,10 +139,33 @@ def _recurrent_norm_kernel(
     dv = part * BLOCK_V + tl.arange(0, BLOCK_V)
     k_ok = dk < DK
     v_ok = dv < DV
-    base = conv_out_ptr + row * (2 * HK * DK + HV * DV)  # conv_out [B, C] float32, contiguous
-    q = tl.load(base + key_head * DK + dk, mask=k_ok, other=0.0)
-    k = tl.load(base + HK * DK + key_head * DK + dk, mask=k_ok, other=0.0)
-    v = tl.load(base + 2 * HK * DK + head * DV + dv, mask=v_ok, other=0.0)
+    if FUSED_CONV:  # the conv in this launch (module docstring): v channels owned, q/k channels shared by SHARERS programs
+        slot = tl.load(slots_ptr + row)  # int64
+        has_state = tl.load(init_ptr + row) != 0
+        q, q_window, q_offsets = _conv_window(x_ptr, conv_w_ptr, conv_state_ptr, row, slot, has_state, key_head * DK + dk, k_ok,
+                                              stride_xb, stride_xc, stride_cs, stride_cc, stride_ck, KW, BLOCK_KW)  # fmt: skip
+        k, k_window, k_offsets = _conv_window(x_ptr, conv_w_ptr, conv_state_ptr, row, slot, has_state, HK * DK + key_head * DK + dk, k_ok,
+                                              stride_xb, stride_xc, stride_cs, stride_cc, stride_ck, KW, BLOCK_KW)  # fmt: skip
+        v, v_window, v_offsets = _conv_window(x_ptr, conv_w_ptr, conv_state_ptr, row, slot, has_state, 2 * HK * DK + head * DV + dv, v_ok,
+                                              stride_xb, stride_xc, stride_cs, stride_cc, stride_ck, KW, BLOCK_KW)  # fmt: skip
+        _store_shifted(conv_state_ptr, v_window, v_offsets, v_ok, KW, BLOCK_KW)
+        # Every program of (row, key head) reads the same q/k window; the one drawing the last ticket (all the others
+        # have read theirs) stores it shifted and puts the counter back to zero.
+        SHARERS: tl.constexpr = (HV // HK) * SPLIT
+        WRITER: tl.constexpr = SHARERS - 1 if QK_WRITER < 0 else QK_WRITER  # QK_WRITER: tests only (a known-wrong writer)
+        tl.debug_barrier()  # every thread's window is loaded and used before the ticket is taken (release, GPU scope)
+        qk_counter = conv_counter_ptr + row * HK + key_head
+        qk_ticket = tl.atomic_add(qk_counter, 1, sem="acq_rel", scope="gpu")
+        if qk_ticket == WRITER:
+            _store_shifted(conv_state_ptr, q_window, q_offsets, k_ok, KW, BLOCK_KW)
+            _store_shifted(conv_state_ptr, k_window, k_offsets, k_ok, KW, BLOCK_KW)
+        if qk_ticket == SHARERS - 1:
+            tl.store(qk_counter, 0)
+    else:
+        base = conv_out_ptr + row * (2 * HK * DK + HV * DV)  # conv_out [B, C] float32, contiguous
+        q = tl.load(base + key_head * DK + dk, mask=k_ok, other=0.0)
+        k = tl.load(base + HK * DK + key_head * DK + dk, mask=k_ok, other=0.0)
+        v = tl.load(base + 2 * HK * DK + head * DV + dv, mask=v_ok, other=0.0)
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + L2_EPS) * q_scale
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + L2_EPS)
 
@@ -124,8 +176,9 @@ def _recurrent_norm_kernel(
     decay = tl.exp(-tl.exp(tl.load(a_log_ptr + head).to(tl.float32)) * softplus)  # exp(g)
     beta = tl.sigmoid(b)
 
-    slot = tl.load(slots_ptr + row)  # int64
-    has_state = tl.load(init_ptr + row) != 0
+    if not FUSED_CONV:
+        slot = tl.load(slots_ptr + row)  # int64
+        has_state = tl.load(init_ptr + row) != 0
     offsets = slot * stride_ss + head * stride_sh + dk[:, None] * stride_sk + dv[None, :] * stride_sv  # [BK, BV]
     mask = k_ok[:, None] & v_ok[None, :]
     s = tl.load(state_ptr + offsets, mask=mask & has_state, other=0.0) * decay  # fresh sequence: zeros
@@ -178,19 +231,31 @@ def gdn_decode_step(
     init = init if init.is_contiguous() else init.contiguous()
     # parameters: no-ops when contiguous (they are); the conv weight rows are then K contiguous taps
     conv_weight, A_log, dt_bias, norm_weight = conv_weight.contiguous(), A_log.contiguous(), dt_bias.contiguous(), norm_weight.contiguous()
-    conv_out = torch.empty(dims.batch, dims.channels, dtype=torch.float32, device=mixed_qkv.device)  # [B, C] scratch
-    _conv_update_kernel[(dims.batch, cdiv(dims.channels, CONV_BLOCK_C))](
-        mixed_qkv, conv_weight, conv_state, slots, init, conv_out,
-        dims.channels, mixed_qkv.stride(0), mixed_qkv.stride(1),
-        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-        K=dims.kernel, BLOCK_C=CONV_BLOCK_C, BLOCK_K=next_power_of_2(dims.kernel), num_warps=CONV_WARPS,
-    )  # fmt: skip
     buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16), else `out`
     split = STEP_SPLIT if dims.batch * dims.num_v_heads < STEP_SPLIT_BELOW else 1
-    o_parts, counters = buffer, slots  # unused without the split
+    pairs = dims.batch * dims.num_v_heads
+    qk_groups = dims.batch * dims.num_k_heads if FUSED_CONV else 0  # the fused conv's tickets, after the split's
+    counters = ticket_counters(mixed_qkv.device, (pairs if split > 1 else 0) + qk_groups) if split > 1 or FUSED_CONV else slots
+    o_parts = buffer  # unused without the split
     if split > 1:
-        o_parts = torch.empty(dims.batch * dims.num_v_heads * dims.v_head_dim, dtype=torch.float32, device=mixed_qkv.device)
-        counters = ticket_counters(mixed_qkv.device, dims.batch * dims.num_v_heads)
+        o_parts = torch.empty(pairs * dims.v_head_dim, dtype=torch.float32, device=mixed_qkv.device)
+    fused = {}  # the fused conv's arguments
+    conv_out = mixed_qkv  # unused with the fused conv
+    if FUSED_CONV:
+        fused = {
+            "x_ptr": mixed_qkv, "conv_w_ptr": conv_weight, "conv_state_ptr": conv_state, "conv_counter_ptr": counters[pairs if split > 1 else 0 :],
+            "stride_xb": mixed_qkv.stride(0), "stride_xc": mixed_qkv.stride(1),
+            "stride_cs": conv_state.stride(0), "stride_cc": conv_state.stride(1), "stride_ck": conv_state.stride(2),
+            "FUSED_CONV": True, "KW": dims.kernel, "BLOCK_KW": next_power_of_2(dims.kernel), "QK_WRITER": QK_WRITER,
+        }  # fmt: skip
+    else:
+        conv_out = torch.empty(dims.batch, dims.channels, dtype=torch.float32, device=mixed_qkv.device)  # [B, C] scratch
+        _conv_update_kernel[(dims.batch, cdiv(dims.channels, CONV_BLOCK_C))](
+            mixed_qkv, conv_weight, conv_state, slots, init, conv_out,
+            dims.channels, mixed_qkv.stride(0), mixed_qkv.stride(1),
+            conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+            K=dims.kernel, BLOCK_C=CONV_BLOCK_C, BLOCK_K=next_power_of_2(dims.kernel), num_warps=CONV_WARPS,
+        )  # fmt: skip
     block_v = next_power_of_2(cdiv(dims.v_head_dim, split))
     _recurrent_norm_kernel[(dims.batch, dims.num_v_heads, split)](
         conv_out, z, b, a, A_log, dt_bias, norm_weight, recurrent_state, slots, init, buffer, o_parts, counters,
@@ -199,6 +264,6 @@ def gdn_decode_step(
         buffer.stride(0), buffer.stride(1), float(dims.k_head_dim**-0.5), float(eps),
         HK=dims.num_k_heads, HV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim,
         BLOCK_K=next_power_of_2(dims.k_head_dim), BLOCK_V=block_v, L2_EPS=L2_EPS,
-        SPLIT=split, BLOCK_DV=next_power_of_2(dims.v_head_dim), num_warps=STEP_WARPS if split == 1 else SPLIT_WARPS,
+        SPLIT=split, BLOCK_DV=next_power_of_2(dims.v_head_dim), num_warps=STEP_WARPS if split == 1 else SPLIT_WARPS, **fused,
     )  # fmt: skip
     finish(buffer, out)

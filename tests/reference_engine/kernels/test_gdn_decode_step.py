@@ -183,6 +183,7 @@ for index, (name, case) in enumerate(CASES.items()):
     results[f"triton|{name}"] = run_case(triton_step, case, seed=index)
     results[f"torch|{name}"] = run_case(torch_step, case, seed=index)
     (out_a, state_a), (out_b, state_b) = results[f"triton|{name}"].pop("final"), results[f"torch|{name}"].pop("final")
+    results[f"triton|{name}"]["final_copy"] = (out_a, state_a)  # for the fused form's bit comparison; dropped before printing
     results[f"triton-vs-torch|{name}"] = {
         "out": float((out_a - out_b).abs().max() / out_b.abs().max()),
         "recurrent": float((state_a - state_b).abs().max() / state_b.abs().max()),
@@ -194,6 +195,25 @@ for name in UNSPLIT:
     results[f"triton-unsplit|{name}"] = run_case(triton_step, CASES[name], seed=list(CASES).index(name))
     results[f"triton-unsplit|{name}"].pop("final")
 step_module.STEP_SPLIT_BELOW = split_below
+step_module.FUSED_CONV = True  # one launch: the conv inside the recurrent kernel, q/k state stored by the last ticket
+for name, case in CASES.items():
+    key = f"fused|{name}"
+    results[key] = run_case(triton_step, case, seed=list(CASES).index(name))
+    out_fused, state_fused = results[key].pop("final")
+    out_two, state_two = results[f"triton|{name}"]["final_copy"]
+    results[key]["bits_equal_two_launches"] = bool(torch.equal(out_fused, out_two) and torch.equal(state_fused, state_two))
+step_module.STEP_SPLIT_BELOW = 0
+for name in UNSPLIT:
+    results[f"fused-unsplit|{name}"] = run_case(triton_step, CASES[name], seed=list(CASES).index(name))
+    results[f"fused-unsplit|{name}"].pop("final")
+step_module.STEP_SPLIT_BELOW = split_below
+step_module.QK_WRITER = 0  # known wrong: the first program to read the shared q/k window stores it shifted
+results[f"fused_first_ticket_writes|{WRONG_CASE}"] = run_case(triton_step, CASES[WRONG_CASE], seed=list(CASES).index(WRONG_CASE))
+results[f"fused_first_ticket_writes|{WRONG_CASE}"].pop("final")
+step_module.QK_WRITER = -1
+step_module.FUSED_CONV = False
+for name in CASES:
+    results[f"triton|{name}"].pop("final_copy")
 for wrong in WRONG:
     results[f"{wrong}|{WRONG_CASE}"] = run_case(globals()[wrong], CASES[WRONG_CASE], seed=list(CASES).index(WRONG_CASE))
     results[f"{wrong}|{WRONG_CASE}"].pop("final")
@@ -242,6 +262,26 @@ def test_other_slots_are_checked(results):
     """The untouched-slot check covers real slots' neighbours: 0, 2, 4, 6 without padding; 0, 2, 4 with it."""
     assert results["triton|b3-f32"]["others"] == [0, 2, 4, 6]
     assert results["triton|b3-padding-f32"]["others"] == [0, 2, 4]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_fused_conv_launch_equals_the_two_launches_bit_for_bit(results, case):
+    """FUSED_CONV: one launch; the same float64 checks, and the same bits as the two-launch form (outputs and states)."""
+    result = results[f"fused|{case}"]
+    assert not violations(result, BOUNDS[("triton", CASES[case][0])]), (case, result)
+    assert result["bits_equal_two_launches"], case
+
+
+@pytest.mark.parametrize("case", UNSPLIT)
+def test_the_fused_conv_launch_with_one_program_per_head(results, case):
+    result = results[f"fused-unsplit|{case}"]
+    assert not violations(result, BOUNDS[("triton", CASES[case][0])]), (case, result)
+
+
+def test_a_fused_conv_whose_first_ticket_stores_the_shared_window_is_caught(results):
+    """Writing the shifted q/k window before every sharer has read it corrupts the later sharers' conv."""
+    result = results[f"fused_first_ticket_writes|{WRONG_CASE}"]
+    assert violations(result, BOUNDS[("triton", "float32")]), result
 
 
 @pytest.mark.parametrize("wrong", WRONG)
@@ -339,3 +379,44 @@ def test_static_decode_with_the_fused_step_matches_eager(impl, bound):
     output = run_script(header + MODEL_SCRIPT, timeout=240)
     print(output)
     assert output.strip().endswith("ok"), output
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("batch", [1, 8, 33])
+def test_the_fused_conv_launch_equals_the_two_launches_on_cuda(batch):
+    """Real head shapes on the GPU (split heads at batch 1, one program per head at 8 and 33 with the module's
+    defaults; some rows fresh): the output and both states are the same bits with the conv fused or not."""
+    from reference_engine.kernels import gdn_decode_step as step_module
+
+    hk, hv, d, kernel, pool = 16, 32, 128, 4, batch + 3
+    channels = 2 * hk * d + hv * d
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    args = {
+        "mixed_qkv": torch.randn(batch, channels, device="cuda", generator=g).bfloat16(),
+        "z": torch.randn(batch, hv * d, device="cuda", generator=g).bfloat16(),
+        "b": torch.randn(batch, hv, device="cuda", generator=g).bfloat16(),
+        "a": torch.randn(batch, hv, device="cuda", generator=g).bfloat16(),
+        "conv_weight": (torch.randn(channels, kernel, device="cuda", generator=g) * 0.5).bfloat16(),
+        "A_log": torch.rand(hv, device="cuda", generator=g), "dt_bias": torch.rand(hv, device="cuda", generator=g),
+        "norm_weight": torch.rand(d, device="cuda", generator=g).bfloat16() + 0.5,
+        "state_slots": torch.randperm(pool, device="cuda", generator=g)[:batch],
+        "has_initial_state": torch.rand(batch, device="cuda", generator=g) < 0.8, "eps": 1e-6,
+    }  # fmt: skip
+    conv0 = torch.randn(pool, channels, kernel - 1, device="cuda", generator=g).bfloat16()
+    rec0 = torch.randn(pool, hv, d, d, device="cuda", generator=g) * 0.1
+    results = []
+    saved = step_module.FUSED_CONV
+    try:
+        for fused in (False, True):
+            step_module.FUSED_CONV = fused
+            conv, rec = conv0.clone(), rec0.clone()
+            out = torch.full((batch, hv * d), float("nan"), device="cuda", dtype=torch.bfloat16)
+            step_module.gdn_decode_step(**args, conv_state=conv, recurrent_state=rec, out=out)
+            results.append((out, conv, rec))
+    finally:
+        step_module.FUSED_CONV = saved
+    (out_a, conv_a, rec_a), (out_b, conv_b, rec_b) = results
+    assert torch.isfinite(out_b).all()
+    assert torch.equal(out_a, out_b) and torch.equal(conv_a, conv_b) and torch.equal(rec_a, rec_b)
+    assert not torch.equal(conv_b, conv0)  # the step did shift the conv states it owns

@@ -1,0 +1,80 @@
+"""The GDN decode step in one launch (conv fused into the recurrent kernel) against two, at batches 1 to 64.
+
+    PYTHONPATH=. python3 benchmarks/kernels/time_gdn_fused_conv.py OUT.json [--tuning FILE]
+
+Real head shapes (Hk 16, Hv 32, Dk = Dv = 128, conv kernel 4), the card's tuning applied (split heads as committed).
+Per batch: both forms run once from the same pools and must give the same output and the same conv and recurrent
+states bit for bit (the script exits 1 otherwise); then each is timed in a CUDA graph over pool copies that together
+exceed the L2 (`time_decode_pieces.gdn_step_setup`). With --tuning, `gdn_step_fused_conv` is written: 1 when the fused
+form is faster summed over the batches by more than 2% and slower at none by more than 2%, else 0. No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from reference_engine.kernels import gdn_decode_step, tuning
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from time_decode_pieces import (  # the sibling script's GDN step and graph timing
+    BATCHES,
+    gdn_step_setup,
+    timed,
+)
+
+MARGIN = 0.02
+
+
+def one_batch(batch: int) -> dict:
+    call, pools, out, copies = gdn_step_setup(batch)
+    conv0, rec0 = pools[0][0].clone(), pools[0][1].clone()
+    results, record = {}, {}
+    for fused in (False, True):
+        gdn_decode_step.FUSED_CONV = fused
+        pools[0][0].copy_(conv0)
+        pools[0][1].copy_(rec0)
+        call(0)
+        results[fused] = (out.clone(), pools[0][0].clone(), pools[0][1].clone())
+        record["fused_us" if fused else "two_launches_us"] = timed(call, copies)
+    gdn_decode_step.FUSED_CONV = False
+    record["bits_equal"] = all(torch.equal(a, b) for a, b in zip(results[False], results[True], strict=True))
+    record["fused_over_two"] = record["fused_us"] / record["two_launches_us"]
+    return record
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--tuning", default=None)
+    args = parser.parse_args()
+    name = torch.cuda.get_device_name()
+    tuning.apply_for_device(name, torch.cuda.get_device_capability())
+    records = {"device": name, "split_below": gdn_decode_step.STEP_SPLIT_BELOW, "split": gdn_decode_step.STEP_SPLIT}
+    for batch in BATCHES:
+        records[f"batch_{batch}"] = one_batch(batch)
+        print(batch, json.dumps(records[f"batch_{batch}"]), flush=True)
+    with open(args.out, "w") as handle:
+        json.dump(records, handle, indent=1)
+    rows = [records[f"batch_{b}"] for b in BATCHES]
+    if not all(row["bits_equal"] for row in rows):
+        print("the fused form differs from the two launches", file=sys.stderr)
+        return 1
+    if args.tuning:
+        total = sum(row["fused_us"] for row in rows) / sum(row["two_launches_us"] for row in rows)
+        take = total < 1 - MARGIN and all(row["fused_over_two"] < 1 + MARGIN for row in rows)
+        with open(args.tuning) as handle:
+            document = json.load(handle)
+        document["gdn_step_fused_conv"] = int(take)
+        with open(args.tuning, "w") as handle:
+            json.dump(document, handle, indent=1)
+        print(f"tuning: gdn_step_fused_conv = {int(take)} (fused / two launches summed: {total:.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
