@@ -3,8 +3,9 @@
     PYTHONPATH=. python3 benchmarks/kernels/time_gdn_fused_conv.py OUT.json [--tuning FILE]
 
 Real head shapes (Hk 16, Hv 32, Dk = Dv = 128, conv kernel 4), the card's tuning applied (split heads as committed).
-Per batch: both forms run once from the same pools and must give the same output and the same conv and recurrent
-states bit for bit (the script exits 1 otherwise); then each is timed in a CUDA graph over pool copies that together
+Per batch: both forms run once from the same pools and must give the same conv states bit for bit, and the same
+recurrent states and outputs to rounding (float32 and one bf16 step; on the GPU the compiler may contract the fused
+kernel's state update differently, run58), else the script exits 1; then each is timed in a CUDA graph over pool copies that together
 exceed the L2 (`time_decode_pieces.gdn_step_setup`). With --tuning, `gdn_step_fused_conv` is written: 1 when the fused
 form is faster summed over the batches by more than 2% and slower at none by more than 2%, else 0. No speed is asserted.
 """
@@ -42,7 +43,12 @@ def one_batch(batch: int) -> dict:
         results[fused] = (out.clone(), pools[0][0].clone(), pools[0][1].clone())
         record["fused_us" if fused else "two_launches_us"] = timed(call, copies)
     gdn_decode_step.FUSED_CONV = False
-    record["bits_equal"] = all(torch.equal(a, b) for a, b in zip(results[False], results[True], strict=True))
+    (out_a, conv_a, rec_a), (out_b, conv_b, rec_b) = results[False], results[True]
+    record["bits_equal"] = torch.equal(out_a, out_b) and torch.equal(conv_a, conv_b) and torch.equal(rec_a, rec_b)
+    record["state_rel_difference"] = float((rec_b - rec_a).abs().max() / rec_a.abs().max())
+    record["out_rel_difference"] = float((out_b.float() - out_a.float()).abs().max() / out_a.float().abs().max())
+    # the compiler may contract the fused kernel's state update differently (run58): float32 rounding, not bits
+    record["close"] = torch.equal(conv_a, conv_b) and record["state_rel_difference"] < 1e-5 and record["out_rel_difference"] < 8e-3
     record["fused_over_two"] = record["fused_us"] / record["two_launches_us"]
     return record
 
@@ -61,8 +67,8 @@ def main() -> int:
     with open(args.out, "w") as handle:
         json.dump(records, handle, indent=1)
     rows = [records[f"batch_{b}"] for b in BATCHES]
-    if not all(row["bits_equal"] for row in rows):
-        print("the fused form differs from the two launches", file=sys.stderr)
+    if not all(row["close"] for row in rows):
+        print("the fused form differs from the two launches beyond rounding", file=sys.stderr)
         return 1
     if args.tuning:
         total = sum(row["fused_us"] for row in rows) / sum(row["two_launches_us"] for row in rows)

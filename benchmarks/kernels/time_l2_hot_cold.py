@@ -6,7 +6,7 @@ For the batch-1 NVFP4 GEMVs at the real shapes (GDN in_proj q+k+v+z 12288 x 2048
 out_proj 2048 x 4096) and the whole MoE block decode (router, gate/up, down; 256 experts, top 8 and the shared
 expert), a CUDA graph of CALLS calls runs either on one copy of the weights ("hot": after the first call they sit in
 the L2 cache) or on COPIES copies in turn with a fresh input each ("cold": more bytes than the L2 holds, as in a real
-step, where every layer has its own). The tuning file of this device is applied (with --tuning, that file instead).
+step, where every layer has its own). The tuning file of this card or of its architecture is applied (with --tuning, that file instead).
 If hot is much faster than cold, the kernel waits on HBM and prefetching its weights can help
 (`kernels/l2_prefetch.py`); if not, its time is instruction issue, launch and dependent steps. A graph of empty
 launches gives the per-launch floor. No speed is asserted.
@@ -81,8 +81,11 @@ def main() -> int:
     args = parser.parse_args()
     torch.manual_seed(0)
     name = torch.cuda.get_device_name()
-    applied = tuning.apply_tuning(args.tuning) if args.tuning else tuning.apply_for_device(name)
-    records: dict = {"device": name, "tuning": args.tuning or (None if applied is None else str(tuning.device_file(name))), "calls": CALLS}
+    capability = torch.cuda.get_device_capability()
+    path = args.tuning or tuning.tuning_path(name, capability)  # run58 passed no capability: an H100 ran untuned
+    if path is not None:
+        tuning.apply_tuning(path)
+    records: dict = {"device": name, "tuning": None if path is None else str(path), "calls": CALLS}
     flag = torch.zeros(1, device="cuda", dtype=torch.int32)
     records["empty launch"] = {"us": graph_seconds(lambda: [_empty_kernel[(1,)](flag) for _ in range(CALLS)], replays=20) * 1e6 / CALLS}
     print(json.dumps(records["empty launch"]), flush=True)

@@ -386,7 +386,7 @@ def test_static_decode_with_the_fused_step_matches_eager(impl, bound):
 @pytest.mark.parametrize("batch", [1, 8, 33])
 def test_the_fused_conv_launch_equals_the_two_launches_on_cuda(batch):
     """Real head shapes on the GPU (split heads at batch 1, one program per head at 8 and 33 with the module's
-    defaults; some rows fresh): the output and both states are the same bits with the conv fused or not."""
+    defaults; some rows fresh): the same conv states bit for bit, the recurrent states and outputs to rounding."""
     from reference_engine.kernels import gdn_decode_step as step_module
 
     hk, hv, d, kernel, pool = 16, 32, 128, 4, batch + 3
@@ -418,5 +418,9 @@ def test_the_fused_conv_launch_equals_the_two_launches_on_cuda(batch):
         step_module.FUSED_CONV = saved
     (out_a, conv_a, rec_a), (out_b, conv_b, rec_b) = results
     assert torch.isfinite(out_b).all()
-    assert torch.equal(out_a, out_b) and torch.equal(conv_a, conv_b) and torch.equal(rec_a, rec_b)
+    assert torch.equal(conv_a, conv_b)  # the shift moves values: exact
     assert not torch.equal(conv_b, conv0)  # the step did shift the conv states it owns
+    # The compiler may contract the state update differently in the fused kernel (run58 on an H100: outputs equal, the
+    # float32 states not bit-equal), so the GPU check is closeness: states to float32 rounding, outputs to one bf16 step.
+    torch.testing.assert_close(rec_b, rec_a, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_b.float(), out_a.float(), rtol=8e-3, atol=1e-5)
