@@ -81,6 +81,9 @@ def configs():
     yield "l2 prefetch", l2_prefetch._l2_prefetch_kernel, {"table_ptr": "*i64", "n": I32}, {"BLOCK": l2_prefetch.BLOCK}
     yield "dense gemv", dense_gemv._dense_gemv_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "N": I32, "stride_xm": I32, "stride_om": I32}, {"K": 2048, "TOKENS": 1, "BLOCK_N": 2, "BLOCK_K": 2048}
     yield "router logits + top-k", router._router_gemv_topk_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "counter_ptr": "*i32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32}, {"H": 2048, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "BLOCK_R": 4, "BLOCK_H": 512, "ROW_BLOCKS": 65}
+    yield "router logits + top-k + expert prefetch", router._router_gemv_topk_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "counter_ptr": "*i32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32,
+        "gate_up_base": "i64", "gate_up_scale_base": "i64", "down_base": "i64", "down_scale_base": "i64"}, {"H": 2048, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "BLOCK_R": 2, "BLOCK_H": 2048, "ROW_BLOCKS": 129,
+        "PREFETCH": 1, "GU_BYTES": 1 << 20, "GUS_BYTES": 1 << 17, "D_BYTES": 1 << 19, "DS_BYTES": 1 << 16, "CHUNK": 1 << 16, "NCH_GU": 16, "NCH_GUS": 2, "NCH_D": 8, "NCH_DS": 1, "record_ptr": None}  # fmt: skip
     yield "router", router._router_topk_kernel, {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32, "stride_t": I32}, {"TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8}
     step_sig = {"conv_out_ptr": "*fp32", "z_ptr": "*bf16", "b_ptr": "*bf16", "a_ptr": "*bf16", "a_log_ptr": "*fp32", "dt_bias_ptr": "*fp32", "norm_w_ptr": "*bf16",
                 "state_ptr": "*fp32", "slots_ptr": "*i64", "init_ptr": "*u8", "out_ptr": "*bf16", "o_ptr": "*fp32", "counter_ptr": "*i32",

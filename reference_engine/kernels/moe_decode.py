@@ -23,7 +23,8 @@ uniform branch per program picks the shared tensors) and the down kernel adds
 sigmoid(gate logit) * shared(x_t) to the same float32 sum: the block's output comes out of one kernel.
 `moe_block_decode` runs the whole block in three launches up to `FUSED_ROUTER_MAX_TOKENS` tokens (the router
 logits over `[E+1, H]`, routed rows and the shared expert's gate row, and the top-k in one kernel,
-`router.router_gemv_topk_with_shared`; then the two kernels here), in four above it (cuBLAS logits, then
+`router.router_gemv_topk_with_shared`, which with `router.PREFETCH_EXPERTS` also starts a bulk L2 prefetch of the
+selected experts' weights; then the two kernels here), in four above it (cuBLAS logits, then
 `router_topk_with_shared`). From `moe_grouped_decode.MIN_TOKENS` tokens the experts run grouped by expert on tensor
 cores instead (`moe_grouped_decode`), after the same router; in the batch range of `moe_grouped_half` (checked first)
 grouped by expert in packed float16 on CUDA cores.
@@ -456,7 +457,8 @@ def moe_block_decode(
     topk_weights = torch.empty(num_tokens, top_k + 1, dtype=torch.float32, device=x.device)
     topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
     if num_tokens <= router.FUSED_ROUTER_MAX_TOKENS and x.is_contiguous() and router_weight.is_contiguous():
-        router_gemv_topk_with_shared(x, router_weight, topk_weights, topk_ids, top_k)  # logits and top-k, one launch
+        prefetch = experts if router.PREFETCH_EXPERTS and not interpreting() else None  # selected experts into L2 (tuning)
+        router_gemv_topk_with_shared(x, router_weight, topk_weights, topk_ids, top_k, prefetch=prefetch)  # logits and top-k, one launch
     else:
         logits = aligned_linear(x, router_weight)  # [T, E+1]; over the zero rows past E+1 where the storage holds them
         router_topk_with_shared(logits, topk_weights, topk_ids, top_k)

@@ -65,6 +65,13 @@ def _topk_row(logits_row, weights_row, ids_row, E, TOP_K: tl.constexpr, BLOCK_E:
     keep = slots < TOP_K
     tl.store(weights_row + slots, weights, mask=keep)
     tl.store(ids_row + slots, chosen_ids, mask=keep)
+    _shared_slot(logits_row, weights_row, ids_row, E, TOP_K, WITH_SHARED, COHERENT)
+    return chosen_ids, keep
+
+
+@triton.jit
+def _shared_slot(logits_row, weights_row, ids_row, E, TOP_K: tl.constexpr, WITH_SHARED: tl.constexpr, COHERENT: tl.constexpr):
+    """The (top_k+1)-th slot: id E, weight sigmoid(logit E), when the row carries the shared expert's gate logit."""
     if WITH_SHARED:
         if COHERENT:
             shared_logit = tl.load(logits_row + E, cache_modifier=".cg").to(tl.float32)
@@ -72,6 +79,28 @@ def _topk_row(logits_row, weights_row, ids_row, E, TOP_K: tl.constexpr, BLOCK_E:
             shared_logit = tl.load(logits_row + E).to(tl.float32)
         tl.store(weights_row + TOP_K, tl.sigmoid(shared_logit))
         tl.store(ids_row + TOP_K, E)
+
+
+@triton.jit
+def _prefetch_expert_spans(base, ids, id_ok, PER_EXPERT: tl.constexpr, CHUNK: tl.constexpr, NCH: tl.constexpr,
+                           MODE: tl.constexpr, record_ptr, record_at, BLOCK_K: tl.constexpr):
+    """The selected experts' spans of one stacked tensor (expert e: bytes base + e * PER_EXPERT, PER_EXPERT long), in
+    chunks of CHUNK bytes. MODE 1: one bulk L2 prefetch per chunk (not waited for); MODE 2 (tests, the interpreter):
+    store each chunk's (address, bytes) at rows record_at.. of `record_ptr` (int64 [n, 2]) instead."""
+    chunk = tl.arange(0, NCH)
+    offset = chunk.to(tl.int64) * CHUNK
+    ok = id_ok[:, None] & (offset[None, :] < PER_EXPERT)  # [BK, NCH]
+    address = base + ids[:, None].to(tl.int64) * PER_EXPERT + offset[None, :]
+    size = tl.where(ok, tl.minimum(PER_EXPERT - offset[None, :], CHUNK), 0).to(tl.int32)
+    if MODE == 1:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,r", [address, size], dtype=tl.int32, is_pure=False, pack=1,
+        )  # fmt: skip
+    elif MODE == 2:
+        row = record_at + tl.arange(0, BLOCK_K)[:, None] * NCH + chunk[None, :]
+        tl.store(record_ptr + 2 * row, tl.where(ok, address, 0))
+        tl.store(record_ptr + 2 * row + 1, size.to(tl.int64))
 
 
 @triton.jit
@@ -88,6 +117,9 @@ def _router_topk_kernel(
 def _router_gemv_topk_kernel(
     x_ptr, w_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, E, H: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, ROW_BLOCKS: tl.constexpr,
+    gate_up_base=0, gate_up_scale_base=0, down_base=0, down_scale_base=0, record_ptr=None,
+    PREFETCH: tl.constexpr = 0, GU_BYTES: tl.constexpr = 0, GUS_BYTES: tl.constexpr = 0, D_BYTES: tl.constexpr = 0, DS_BYTES: tl.constexpr = 0,
+    CHUNK: tl.constexpr = 65536, NCH_GU: tl.constexpr = 1, NCH_GUS: tl.constexpr = 1, NCH_D: tl.constexpr = 1, NCH_DS: tl.constexpr = 1,
 ):
     """Router logits and the top-k with the shared slot in one launch. Grid (ROW_BLOCKS, T): program (r, t)
     computes logits rows r*BLOCK_R.. of token t (float32 sums over H, rounded to x's dtype as F.linear
@@ -110,8 +142,18 @@ def _router_gemv_topk_kernel(
     ticket = tl.atomic_add(counter_ptr + token, 1, sem="acq_rel", scope="gpu")
     if ticket == ROW_BLOCKS - 1:
         ROW: tl.constexpr = TOP_K + 1
-        _topk_row(logits_ptr + token * (E + 1), weights_ptr + token * ROW, ids_ptr + token * ROW, E, TOP_K, BLOCK_E, BLOCK_K, True, True)
+        ids, id_ok = _topk_row(logits_ptr + token * (E + 1), weights_ptr + token * ROW, ids_ptr + token * ROW, E, TOP_K, BLOCK_E, BLOCK_K, True, True)
         tl.store(counter_ptr + token, 0)
+        if PREFETCH:  # the selected experts' weights into L2 while the next launches start (`prefetch_experts`)
+            PER_TOKEN: tl.constexpr = BLOCK_K * (NCH_GU + NCH_GUS + NCH_D + NCH_DS)
+            at = token * PER_TOKEN
+            _prefetch_expert_spans(gate_up_base, ids, id_ok, GU_BYTES, CHUNK, NCH_GU, PREFETCH, record_ptr, at, BLOCK_K)
+            at += BLOCK_K * NCH_GU
+            _prefetch_expert_spans(gate_up_scale_base, ids, id_ok, GUS_BYTES, CHUNK, NCH_GUS, PREFETCH, record_ptr, at, BLOCK_K)
+            at += BLOCK_K * NCH_GUS
+            _prefetch_expert_spans(down_base, ids, id_ok, D_BYTES, CHUNK, NCH_D, PREFETCH, record_ptr, at, BLOCK_K)
+            at += BLOCK_K * NCH_D
+            _prefetch_expert_spans(down_scale_base, ids, id_ok, DS_BYTES, CHUNK, NCH_DS, PREFETCH, record_ptr, at, BLOCK_K)
 
 
 @satisfies("moe/router-topk", major=1, devices=("cuda",), backend="triton")
@@ -155,26 +197,66 @@ ROUTER_WARPS = 4
 FUSED_ROUTER_MAX_TOKENS = 4  # up to this many tokens `moe_block_decode` computes the logits and the top-k in one launch
 
 
+PREFETCH_EXPERTS = False  # tuning key `moe_expert_prefetch`: the fused router prefetches the selected experts into L2
+PREFETCH_CHUNK = 1 << 16  # bytes per bulk prefetch
+
+
+def expert_prefetch_spans(experts) -> tuple[tuple[int, int], ...] | None:
+    """(base address, bytes per expert) of the stacked experts' gate/up codes, their scales, down codes, their scales;
+    None when a tensor is not contiguous or not 16-byte aligned in base and per-expert size (the bulk prefetch's rule)."""
+    spans = []
+    for tensor in (experts.gate_up_packed, experts.gate_up_scale, experts.down_packed, experts.down_scale):
+        per_expert = tensor[0].numel() * tensor.element_size()
+        if not tensor.is_contiguous() or tensor.data_ptr() % 16 or per_expert % 16:
+            return None
+        spans.append((tensor.data_ptr(), per_expert))
+    return tuple(spans)
+
+
 def router_gemv_topk_with_shared(
     x: torch.Tensor,  # [T, H]
     router_weight: torch.Tensor,  # [E+1, H]: routed rows, then the shared expert's gate row
     topk_weights: torch.Tensor,  # [T, top_k + 1] float32
     topk_ids: torch.Tensor,  # [T, top_k + 1] int32
     top_k: int,
+    prefetch=None,  # StackedNvfp4Experts: prefetch the selected experts' weights into L2 (CUDA), or None
+    record: torch.Tensor | None = None,  # tests: int64 [T * prefetch_rows(top_k, experts), 2] gets the chunks instead
 ) -> None:
     """`router_topk_with_shared(F.linear(x, router_weight), ...)` in one launch; inputs as `moe_block_decode`
-    checks them (contiguous x and weight of one dtype, contiguous outputs). Writes every output slot."""
+    checks them (contiguous x and weight of one dtype, contiguous outputs). Writes every output slot. With `prefetch`,
+    the program that finishes a token's top-k also issues a bulk L2 prefetch of its experts' gate/up and down codes and
+    scales (64 KB chunks, not waited for), so the experts' launches that follow read them from L2 sooner; with `record`,
+    it stores those chunks' (address, bytes) there instead (the interpreter cannot run the PTX)."""
     num_tokens, hidden = x.shape
     num_experts = router_weight.shape[0] - 1
     if num_tokens == 0:
         return
     logits = torch.empty(num_tokens, num_experts + 1, dtype=x.dtype, device=x.device)
     row_blocks = cdiv(num_experts + 1, ROUTER_ROWS)
+    extra = {}
+    spans = expert_prefetch_spans(prefetch) if prefetch is not None else None
+    if spans is not None:
+        (gu, gu_bytes), (gus, gus_bytes), (d, d_bytes), (ds, ds_bytes) = spans
+        extra = {
+            "gate_up_base": gu, "gate_up_scale_base": gus, "down_base": d, "down_scale_base": ds, "record_ptr": record,
+            "PREFETCH": 2 if record is not None else 1, "GU_BYTES": gu_bytes, "GUS_BYTES": gus_bytes, "D_BYTES": d_bytes, "DS_BYTES": ds_bytes,
+            "CHUNK": PREFETCH_CHUNK, **{f"NCH_{name}": next_power_of_2(cdiv(size, PREFETCH_CHUNK))
+                                        for name, size in (("GU", gu_bytes), ("GUS", gus_bytes), ("D", d_bytes), ("DS", ds_bytes))},
+        }  # fmt: skip
     _router_gemv_topk_kernel[(row_blocks, num_tokens)](
         x, router_weight, logits, ticket_counters(x.device, num_tokens), topk_weights, topk_ids, num_experts, hidden,
         TOP_K=top_k, BLOCK_E=next_power_of_2(num_experts), BLOCK_K=next_power_of_2(top_k),
         BLOCK_R=ROUTER_ROWS, BLOCK_H=min(ROUTER_BLOCK_H, next_power_of_2(hidden)), ROW_BLOCKS=row_blocks, num_warps=ROUTER_WARPS,
+        **extra,
     )
+
+
+def prefetch_rows(top_k: int, experts) -> int:
+    """Rows of the `record` table per token: every chunk slot of the four spans for each of the padded top-k slots."""
+    spans = expert_prefetch_spans(experts)
+    if spans is None:
+        raise ValueError("the stacked experts cannot be prefetched (not contiguous or not 16-byte aligned)")
+    return next_power_of_2(top_k) * sum(next_power_of_2(cdiv(size, PREFETCH_CHUNK)) for _, size in spans)
 
 
 def router_topk_with_shared(

@@ -19,7 +19,8 @@ for shapes without an entry; `gemm_min_tokens` the batch from which the linears 
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
 (`benchmarks/kernels/time_decode_pieces.py` measures them at batches 1 to 64); `router_rows` / `router_warps` that one
-launch's logits rows and warps per program (`benchmarks/kernels/time_router.py`).
+launch's logits rows and warps per program (`benchmarks/kernels/time_router.py`), `moe_expert_prefetch` 1 that launch
+prefetching the selected experts' weights into L2 (`benchmarks/kernels/time_moe_expert_prefetch.py`).
 `gemm_decode` picks the weight decode of the tensor-core GEMMs (prefill linears and experts, decode batches from
 `gemm_min_tokens`), `gemm_prefetch_linear` / `gemm_prefetch_moe` whether they load the next K step's activation tile
 and block scales a step ahead, `gemm_swap_linear` / `gemm_swap_moe` whether the decoded weight tile is the dot's
@@ -138,6 +139,7 @@ class TuningFile(BaseModel):
     dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
     router_rows: Literal[1, 2, 4, 8] | None = None  # fused router: logits rows per program
     router_warps: Literal[1, 2, 4, 8] | None = None  # fused router: warps per program
+    moe_expert_prefetch: int | None = Field(default=None, ge=0, le=1)  # fused router: bulk L2 prefetch of the selected experts
     gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
     gemm_prefetch_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: next K step's x and scales loaded ahead
     gemm_prefetch_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
@@ -197,7 +199,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
                                 (None if tuning.gdn_step_fused_conv is None else bool(tuning.gdn_step_fused_conv), gdn_decode_step, "FUSED_CONV"),
                                 (tuning.fused_router_max_tokens, router, "FUSED_ROUTER_MAX_TOKENS"),
                                 (tuning.dense_gemv_max_tokens, dense_gemv, "MAX_TOKENS"), (tuning.router_rows, router, "ROUTER_ROWS"),
-                                (tuning.router_warps, router, "ROUTER_WARPS")):  # fmt: skip
+                                (tuning.router_warps, router, "ROUTER_WARPS"),
+                                (None if tuning.moe_expert_prefetch is None else bool(tuning.moe_expert_prefetch), router, "PREFETCH_EXPERTS")):  # fmt: skip
         if value is not None:
             setattr(module, name, value)
     if tuning.gemm_min_tokens is not None:

@@ -107,3 +107,90 @@ def test_fused_router_gemv_topk_matches_the_torch_ops_on_cuda(tokens, rows, warp
         assert torch.equal(got_i, want_i)
         torch.testing.assert_close(got_w, want_w, rtol=1e-4, atol=1e-5)
     assert int(launch._TICKETS[x.device].abs().sum()) == 0
+
+
+# The fused router's expert prefetch (`router_gemv_topk_with_shared(prefetch=experts)`): in record mode (the
+# interpreter cannot run the PTX) the kernel stores the chunks it would prefetch. They must be exactly the selected
+# experts' spans of the four stacked tensors, 16-byte aligned, at most one chunk long, covering each span once; the
+# routing outputs must not change; and the checker must reject a table that misses a chunk or names another expert.
+PREFETCH_SCRIPT = """
+import torch
+from reference_engine.kernels import router
+from reference_engine.kernels.launch import cdiv
+from reference_engine.ops.static_moe import StackedNvfp4Experts
+
+def check(table, ids, spans, chunk):
+    got = sorted((int(a), int(n)) for a, n in table.tolist() if n)
+    want = []
+    for base, per_expert in spans:
+        for e in sorted(set(ids)):
+            for offset in range(0, per_expert, chunk):
+                want.append((base + e * per_expert + offset, min(chunk, per_expert - offset)))
+    # a token repeats no expert, but two tokens may share one: the table lists it once per token
+    want_per_token = sorted(w for w in want)
+    return got, sorted(want_per_token)
+
+g = torch.Generator().manual_seed(9)
+E, H, I, top_k = 12, 64, 32, 4
+experts = StackedNvfp4Experts(
+    torch.randint(0, 255, (E, 2 * I, H // 2), dtype=torch.uint8, generator=g), torch.randn(E, 2 * I, H // 16, generator=g).to(torch.float8_e4m3fn),
+    torch.rand(E, 2, generator=g), torch.randint(0, 255, (E, H, I // 2), dtype=torch.uint8, generator=g),
+    torch.randn(E, H, I // 16, generator=g).to(torch.float8_e4m3fn), torch.rand(E, generator=g))
+spans = router.expert_prefetch_spans(experts)
+assert spans is not None and [s[1] for s in spans] == [2 * I * H // 2, 2 * I * H // 16, H * I // 2, H * I // 16]
+router.PREFETCH_CHUNK = 256  # several chunks per span at this size (the real 64 KB chunk is one or more per span too)
+for tokens in (1, 3):
+    x = torch.randn(tokens, H, generator=g)
+    weight = torch.randn(E + 1, H, generator=g) * 0.3
+    plain_w, plain_i = torch.empty(tokens, top_k + 1), torch.empty(tokens, top_k + 1, dtype=torch.int32)
+    router.router_gemv_topk_with_shared(x, weight, plain_w, plain_i, top_k)
+    rows = router.prefetch_rows(top_k, experts)
+    table = torch.full((tokens * rows, 2), -1, dtype=torch.int64)
+    got_w, got_i = torch.empty_like(plain_w), torch.empty_like(plain_i)
+    router.router_gemv_topk_with_shared(x, weight, got_w, got_i, top_k, prefetch=experts, record=table)
+    assert torch.equal(got_i, plain_i) and torch.equal(got_w, plain_w)
+    assert bool((table[:, 1] >= 0).all()), "every row of the table written"
+    for t in range(tokens):
+        part = table[t * rows : (t + 1) * rows]
+        chosen = got_i[t, :top_k].tolist()
+        got, want = check(part, chosen, spans, router.PREFETCH_CHUNK)
+        assert got == want, (t, got[:4], want[:4])
+        assert all(a % 16 == 0 and 0 < n <= router.PREFETCH_CHUNK and n % 16 == 0 for a, n in got)
+        # known-wrong tables are rejected by the same check: a dropped chunk, a neighbouring expert
+        dropped = part.clone(); dropped[int(torch.nonzero(dropped[:, 1])[-1])] = 0
+        assert check(dropped, chosen, spans, router.PREFETCH_CHUNK)[0] != want
+        shifted = [(e + 1) % E for e in chosen]
+        assert check(part, shifted, spans, router.PREFETCH_CHUNK)[1] != got
+print("ok")
+"""
+
+
+def test_fused_router_records_exactly_the_selected_experts_chunks_under_the_interpreter():
+    assert_script_ok(interpreter_run({}, PREFETCH_SCRIPT))
+
+
+@pytest.mark.cuda
+def test_fused_router_with_the_expert_prefetch_gives_the_same_routing_on_cuda():
+    from reference_engine.kernels import router
+    from reference_engine.ops.static_moe import StackedNvfp4Experts
+
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    experts_count, hidden, inter = 256, 2048, 512
+
+    def rand_bytes(*shape):
+        return torch.randint(0, 255, shape, dtype=torch.uint8, device="cuda", generator=generator)
+
+    experts = StackedNvfp4Experts(
+        rand_bytes(experts_count, 2 * inter, hidden // 2), rand_bytes(experts_count, 2 * inter, hidden // 16).view(torch.float8_e4m3fn),
+        torch.rand(experts_count, 2, device="cuda"), rand_bytes(experts_count, hidden, inter // 2),
+        rand_bytes(experts_count, hidden, inter // 16).view(torch.float8_e4m3fn), torch.rand(experts_count, device="cuda"),
+    )  # fmt: skip
+    x = torch.randn(1, hidden, device="cuda", generator=generator).bfloat16()
+    weight = (torch.randn(experts_count + 1, hidden, device="cuda", generator=generator) * hidden**-0.5).bfloat16()
+    outputs = []
+    for prefetch in (None, experts):
+        got_w, got_i = torch.full((1, 9), float("nan"), device="cuda"), torch.full((1, 9), -1, dtype=torch.int32, device="cuda")
+        router.router_gemv_topk_with_shared(x, weight, got_w, got_i, 8, prefetch=prefetch)
+        outputs.append((got_w, got_i))
+    torch.cuda.synchronize()
+    assert torch.equal(outputs[0][1], outputs[1][1]) and torch.equal(outputs[0][0], outputs[1][0])

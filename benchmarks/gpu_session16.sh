@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# For the next GPU call (an H200: the bench with the peer does not fit an H100's 80 GB). CUDA tests of the fifteenth
+# session's pieces (L2 prefetch, one-launch GDN step, the router's expert prefetch), then their timings, each writing its
+# switch into this copy's tuning file when it wins by more than 2% (copy the file back into the repository only after
+# reading the logs), then the full bench with the peer on that tuning.
+# Usage: NAME=run59 COMMIT=<sha> bash benchmarks/gpu_session16.sh      (writes under $OUT; at most 8 files come back)
+set -u
+OUT="${OUT:-/tmp/session16-out}"; NAME="${NAME:-session16}"; COMMIT="${COMMIT:-unknown}"
+export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
+TUNING="reference_engine/kernels/tuned/nvidia-h200.json"
+LOG="$OUT/$NAME-kernels.log"
+timeout "${TEST_S:-120}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/kernels/test_l2_prefetch.py \
+    tests/reference_engine/kernels/test_gdn_decode_step.py tests/reference_engine/kernels/test_router.py > "$OUT/$NAME-pytest.log" 2>&1
+TESTS_RC=$?; echo "pytest rc=$TESTS_RC"; grep -E "passed|failed|FAILED|Error" "$OUT/$NAME-pytest.log" | tail -n 5
+[ "$TESTS_RC" = 0 ] || { grep -E "^E |error" "$OUT/$NAME-pytest.log" | head -n 30 | cut -c1-300; exit 1; }
+{
+  timeout 90 python3 benchmarks/kernels/time_moe_expert_prefetch.py "$OUT/$NAME-expert-prefetch.json" --tuning "$TUNING"; echo "expert prefetch rc=$?"
+  timeout 60 python3 benchmarks/kernels/time_gdn_fused_conv.py "$OUT/$NAME-gdn-fused-conv.json" --tuning "$TUNING"; echo "gdn fused conv rc=$?"
+  timeout 110 python3 benchmarks/kernels/time_l2_prefetch.py "$OUT/$NAME-l2-prefetch.json" --rounds 2 --tuning "$TUNING"; echo "l2 prefetch rc=$?"
+} > "$LOG" 2>&1
+grep -E "rc=|tuning:|^[0-9]+ \{" "$LOG" | cut -c1-240
+cp "$TUNING" "$OUT/$NAME-tuning.json"
+timeout "${BENCH_S:-330}" python3 -m toolbox.cli engine bench --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" > "$OUT/$NAME-bench.log" 2>&1
+echo "bench rc=$? (1: gate failed, 124: out of time)"; grep -v "^\s*$" "$OUT/$NAME-bench.log" | tail -n 3 | cut -c1-300
+[ -f "$OUT/$NAME.md" ] && grep -E "^\| (TTFT|TPOT|output)|accuracy gate|Total over|Peer vs|GPU time of the graph" "$OUT/$NAME.md" | cut -c1-250
