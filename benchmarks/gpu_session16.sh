@@ -3,7 +3,7 @@
 # session's pieces (L2 prefetch, one-launch GDN step, the router's expert prefetch), then their timings, each writing its
 # switch into this copy's tuning file when it wins by more than 2% (copy the file back into the repository only after
 # reading the logs), then the full bench with the peer on that tuning.
-# Usage: NAME=run59 COMMIT=<sha> bash benchmarks/gpu_session16.sh      (writes under $OUT; at most 8 files come back)
+# Usage: NAME=run59 COMMIT=<sha> bash benchmarks/gpu_session16.sh      (writes 6 files under $OUT; the kernel JSONs in one .tgz)
 set -u
 OUT="${OUT:-/tmp/session16-out}"; NAME="${NAME:-session16}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
@@ -20,6 +20,8 @@ TESTS_RC=$?; echo "pytest rc=$TESTS_RC"; grep -E "passed|failed|FAILED|Error" "$
 } > "$LOG" 2>&1
 grep -E "rc=|tuning:|^[0-9]+ \{" "$LOG" | cut -c1-240
 cp "$TUNING" "$OUT/$NAME-tuning.json"
+(cd "$OUT" && tar -czf "$NAME-kernels.tgz" "$NAME"-expert-prefetch.json "$NAME"-gdn-fused-conv.json "$NAME"-l2-prefetch.json "$NAME"-tuning.json 2>/dev/null \
+    && rm -f "$NAME"-expert-prefetch.json "$NAME"-gdn-fused-conv.json "$NAME"-l2-prefetch.json "$NAME"-tuning.json)  # one file: 8 come back at most
 timeout "${BENCH_S:-330}" python3 -m toolbox.cli engine bench --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" > "$OUT/$NAME-bench.log" 2>&1
 echo "bench rc=$? (1: gate failed, 124: out of time)"; grep -v "^\s*$" "$OUT/$NAME-bench.log" | tail -n 3 | cut -c1-300
 [ -f "$OUT/$NAME.md" ] && grep -E "^\| (TTFT|TPOT|output)|accuracy gate|Total over|Peer vs|GPU time of the graph" "$OUT/$NAME.md" | cut -c1-250
