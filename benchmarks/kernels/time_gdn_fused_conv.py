@@ -58,28 +58,13 @@ def main() -> int:
     parser.add_argument("out")
     parser.add_argument("--tuning", default=None)
     args = parser.parse_args()
-    name = torch.cuda.get_device_name()
-    tuning.apply_for_device(name, torch.cuda.get_device_capability())
-    records = {"device": name, "split_below": gdn_decode_step.STEP_SPLIT_BELOW, "split": gdn_decode_step.STEP_SPLIT}
+    path = tuning.apply_for_cuda()
+    records = {"device": torch.cuda.get_device_name(), "tuning": None if path is None else str(path), "split_below": gdn_decode_step.STEP_SPLIT_BELOW, "split": gdn_decode_step.STEP_SPLIT}
     for batch in BATCHES:
         records[f"batch_{batch}"] = one_batch(batch)
         print(batch, json.dumps(records[f"batch_{batch}"]), flush=True)
-    with open(args.out, "w") as handle:
-        json.dump(records, handle, indent=1)
     rows = [records[f"batch_{b}"] for b in BATCHES]
-    if not all(row["close"] for row in rows):
-        print("the fused form differs from the two launches beyond rounding", file=sys.stderr)
-        return 1
-    if args.tuning:
-        total = sum(row["fused_us"] for row in rows) / sum(row["two_launches_us"] for row in rows)
-        take = total < 1 - MARGIN and all(row["fused_over_two"] < 1 + MARGIN for row in rows)
-        with open(args.tuning) as handle:
-            document = json.load(handle)
-        document["gdn_step_fused_conv"] = int(take)
-        with open(args.tuning, "w") as handle:
-            json.dump(document, handle, indent=1)
-        print(f"tuning: gdn_step_fused_conv = {int(take)} (fused / two launches summed: {total:.3f})")
-    return 0
+    return tuning.finish_switch_timing(args.out, records, rows, "close", "fused_us", "two_launches_us", "gdn_step_fused_conv", args.tuning, MARGIN)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 import triton
@@ -25,11 +26,16 @@ import triton.language as tl
 
 from reference_engine.bench.timing import graph_seconds
 from reference_engine.kernels import moe_decode, nvfp4_gemv, tuning
-from reference_engine.ops import static_moe
 from reference_engine.quant.nvfp4 import quantize_nvfp4
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from time_moe_decode import (  # the MoE layer at the real shape (router, shared expert, 256 experts)
+    TOP_K,
+    H,
+    layer,
+)
+
 CALLS = 40
-E, H, I, TOP_K = 256, 2048, 512, 8
 GEMVS = {"gdn in_proj qkvz": (12288, 2048), "attention qkv": (9216, 2048), "out_proj": (2048, 4096)}
 
 
@@ -42,22 +48,6 @@ def _empty_kernel(out_ptr):
 def linear(rows: int, cols: int):
     packed, scale, scale_2 = quantize_nvfp4(torch.randn(rows, cols, device="cuda") * cols**-0.5)
     return packed, scale, scale_2.reshape(1).expand(rows).contiguous()  # one tensor scale per row, as the stacked linears
-
-
-def moe_layer():
-    def quantized(rows: int, cols: int, groups: int):
-        packed, scale, scale_2 = quantize_nvfp4(torch.randn(rows, cols, device="cuda") * cols**-0.5)
-        return packed.view(groups, rows // groups, cols // 2), scale.view(groups, rows // groups, cols // 16), scale_2
-
-    gate_up, gu_scale, gu_s2 = quantized(E * 2 * I, H, E)
-    down, d_scale, d_s2 = quantized(E * H, I, E)
-    experts = static_moe.StackedNvfp4Experts(gate_up, gu_scale, gu_s2.reshape(1, 1).expand(E, 2).contiguous(), down, d_scale,
-                                            d_s2.reshape(1).expand(E).contiguous())  # fmt: skip
-    s_gate_up, s_gu_scale, s_gu_s2 = quantized(2 * I, H, 1)
-    s_down, s_d_scale, s_d_s2 = quantized(H, I, 1)
-    shared = static_moe.SharedNvfp4Expert(s_gate_up[0], s_gu_scale[0], s_gu_s2.reshape(1).expand(2).contiguous(), s_down[0], s_d_scale[0], s_d_s2.reshape(()))
-    router = (torch.randn(E + 1, H, device="cuda") * H**-0.5).bfloat16()
-    return experts, shared, router
 
 
 def hot_cold(call, copies: int) -> dict:
@@ -81,10 +71,9 @@ def main() -> int:
     args = parser.parse_args()
     torch.manual_seed(0)
     name = torch.cuda.get_device_name()
-    capability = torch.cuda.get_device_capability()
-    path = args.tuning or tuning.tuning_path(name, capability)  # run58 passed no capability: an H100 ran untuned
-    if path is not None:
-        tuning.apply_tuning(path)
+    if args.tuning:
+        tuning.apply_tuning(args.tuning)
+    path = args.tuning or tuning.apply_for_cuda()  # run58 looked up the card's own file only: an H100 ran untuned
     records: dict = {"device": name, "tuning": None if path is None else str(path), "calls": CALLS}
     flag = torch.zeros(1, device="cuda", dtype=torch.int32)
     records["empty launch"] = {"us": graph_seconds(lambda: [_empty_kernel[(1,)](flag) for _ in range(CALLS)], replays=20) * 1e6 / CALLS}
@@ -100,7 +89,7 @@ def main() -> int:
         print(label, json.dumps(row), flush=True)
         weights.clear()
         torch.cuda.empty_cache()
-    layers = [moe_layer() for _ in range(4)]  # 4 x 480 MB
+    layers = [layer() for _ in range(4)]  # 4 x 480 MB: the sibling timing script's MoE layer
     xs = [torch.randn(1, H, device="cuda").bfloat16() for _ in range(4)]
     outs = [torch.empty(1, H, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
     row = hot_cold(lambda i: moe_decode.moe_block_decode(xs[i], layers[i][2], layers[i][0], layers[i][1], TOP_K, out=outs[i]), 4)

@@ -22,7 +22,7 @@ import sys
 import torch
 
 from reference_engine.bench.measure import EngineBench
-from reference_engine.kernels import l2_prefetch
+from reference_engine.kernels import l2_prefetch, tuning
 from reference_engine.presets import build_preset
 from reference_engine.tokenizer import load_tokenizer
 
@@ -97,11 +97,7 @@ def main() -> int:
     if args.tuning:
         best = min((p for p in summary if summary[p].get("ratio_to_off")), key=lambda p: summary[p]["ratio_to_off"])
         choice = best if summary[best]["ratio_to_off"] < 1 - MARGIN else "off"
-        with open(args.tuning) as handle:
-            tuning = json.load(handle)
-        tuning["l2_prefetch"] = choice
-        with open(args.tuning, "w") as handle:
-            json.dump(tuning, handle, indent=1)
+        tuning.write_setting(args.tuning, "l2_prefetch", choice)
         print(f"tuning: l2_prefetch = {choice}")
     return 0
 

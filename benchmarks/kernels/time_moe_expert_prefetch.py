@@ -5,7 +5,7 @@
 256 experts, top 8 plus the shared expert, NVFP4 weights, the card's tuning (or its architecture's) applied. At
 batches 1, 4 and 8 (the fused router's range): both settings run once on the same input and must give the same output
 bits (the script exits 1 otherwise), then each is timed in a CUDA graph of CALLS calls over COPIES layers in turn with a
-fresh input each (more bytes than the L2 holds, `time_l2_hot_cold.moe_layer`). With --tuning, `moe_expert_prefetch`
+fresh input each (more bytes than the L2 holds, `time_moe_decode.layer`). With --tuning, `moe_expert_prefetch`
 is written: 1 when on is faster summed over the batches by more than 2% and slower at none by more than 2%, else 0.
 No speed is asserted.
 """
@@ -24,10 +24,10 @@ from reference_engine.bench.timing import graph_seconds
 from reference_engine.kernels import moe_decode, router, tuning
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from time_l2_hot_cold import (  # the sibling script's MoE layer at the real shape
+from time_moe_decode import (  # the sibling script's MoE layer at the real shape
     TOP_K,
     H,
-    moe_layer,
+    layer,
 )
 
 COPIES, CALLS, MARGIN = 4, 40, 0.02
@@ -40,12 +40,9 @@ def main() -> int:
     parser.add_argument("--tuning", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
-    name = torch.cuda.get_device_name()
-    path = tuning.tuning_path(name, torch.cuda.get_device_capability())
-    if path is not None:
-        tuning.apply_tuning(path)
-    layers = [moe_layer() for _ in range(COPIES)]
-    records: dict = {"device": name, "tuning": None if path is None else str(path), "calls": CALLS, "copies": COPIES}
+    path = tuning.apply_for_cuda()
+    layers = [layer() for _ in range(COPIES)]
+    records: dict = {"device": torch.cuda.get_device_name(), "tuning": None if path is None else str(path), "calls": CALLS, "copies": COPIES}
     for batch in BATCHES:
         xs = [torch.randn(batch, H, device="cuda").bfloat16() for _ in range(COPIES)]
         outs = [torch.empty(batch, H, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
@@ -67,22 +64,8 @@ def main() -> int:
         row["on_over_off"] = row["on_us"] / row["off_us"]
         records[f"batch_{batch}"] = row
         print(batch, json.dumps(row), flush=True)
-    with open(args.out, "w") as handle:
-        json.dump(records, handle, indent=1)
     rows = [records[f"batch_{b}"] for b in BATCHES]
-    if not all(row["bits_equal"] for row in rows):
-        print("the prefetch changed the output", file=sys.stderr)
-        return 1
-    if args.tuning:
-        total = sum(row["on_us"] for row in rows) / sum(row["off_us"] for row in rows)
-        take = total < 1 - MARGIN and all(row["on_over_off"] < 1 + MARGIN for row in rows)
-        with open(args.tuning) as handle:
-            document = json.load(handle)
-        document["moe_expert_prefetch"] = int(take)
-        with open(args.tuning, "w") as handle:
-            json.dump(document, handle, indent=1)
-        print(f"tuning: moe_expert_prefetch = {int(take)} (on / off summed: {total:.3f})")
-    return 0
+    return tuning.finish_switch_timing(args.out, records, rows, "bits_equal", "on_us", "off_us", "moe_expert_prefetch", args.tuning, MARGIN)
 
 
 if __name__ == "__main__":

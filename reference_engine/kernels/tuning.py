@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -263,3 +264,45 @@ def apply_for_device(device_name: str, capability: tuple[int, int] | None = None
     """Install `tuning_path(device_name, capability)`; None (nothing changed) when there is none."""
     path = tuning_path(device_name, capability)
     return apply_tuning(path) if path is not None else None
+
+
+def apply_for_cuda() -> Path | None:
+    """Install the current CUDA device's file (its own or its architecture's, as the op set does); returns its path."""
+    import torch
+
+    path = tuning_path(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
+    if path is not None:
+        apply_tuning(path)
+    return path
+
+
+def switch_wins(rows: list[dict], new: str, old: str, margin: float = 0.02) -> tuple[bool, float]:
+    """(take, summed new / old) for a timing script's switch: take it when the new form is faster summed over the rows
+    by more than `margin` and slower in none by more than `margin`."""
+    total = sum(row[new] for row in rows) / sum(row[old] for row in rows)
+    return total < 1 - margin and all(row[new] < row[old] * (1 + margin) for row in rows), total
+
+
+def finish_switch_timing(out: str | Path, records: dict, rows: list[dict], agree: str, new: str, old: str, key: str,
+                         tuning_file: str | Path | None, margin: float = 0.02) -> int:
+    """The end of a switch-timing script (benchmarks/kernels/time_*): write `records` as JSON to `out`; exit status 1
+    when a row's `agree` flag is false (the two forms computed different things); else, with `tuning_file`, write
+    `key` = 1 or 0 there as `switch_wins(rows, new, old, margin)` decides. Returns the exit status."""
+    Path(out).write_text(json.dumps(records, indent=1))
+    if not all(row[agree] for row in rows):
+        print(f"the two forms disagree ({agree} false): {key} not written", file=sys.stderr)
+        return 1
+    if tuning_file is not None:
+        take, total = switch_wins(rows, new, old, margin)
+        write_setting(tuning_file, key, int(take))
+        print(f"tuning: {key} = {int(take)} ({new} / {old} summed over the rows: {total:.3f})")
+    return 0
+
+
+def write_setting(path: str | Path, key: str, value) -> None:
+    """Set one key of a tuning file in place; the result must still validate."""
+    path = Path(path)
+    document = json.loads(path.read_text())
+    document[key] = value
+    TuningFile.model_validate(document)
+    path.write_text(json.dumps(document, indent=1))

@@ -130,25 +130,28 @@ class _Recorder:
         self.joins += 1
 
 
-def _static_decode(model, prefetch) -> tuple[list[torch.Tensor], object]:
-    config = EngineConfig(device="cpu", dtype="float32", max_num_seqs=2, max_model_len=48, num_blocks=16)
-    engine = LLMEngine(model, load_tokenizer("tiny"), config, decode_mode="static")
-    engine.runner.decoder.prefetch = prefetch
+def _decode(model, prefetch, device: str = "cpu", mode: str = "static") -> tuple[list[torch.Tensor], object]:
+    """Greedy decode of two prompts with `prefetch` set on the runner's static decoder: each step's logits (CPU) and the
+    engine. `prefetch` is an object or a callable of the model that makes one."""
+    dtype = "float32" if model.dtype == torch.float32 else "bfloat16"
+    config = EngineConfig(device=device, dtype=dtype, max_num_seqs=2, max_model_len=48, num_blocks=16)
+    engine = LLMEngine(model, load_tokenizer("tiny"), config, decode_mode=mode)
+    engine.runner.decoder.prefetch = prefetch(model) if callable(prefetch) else prefetch
     generator = torch.Generator().manual_seed(5)
     for index in range(2):
         prompt = torch.randint(1, model.config.vocab_size, (7 + 3 * index,), generator=generator).tolist()
-        engine.add_request(str(index), prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        engine.add_request(str(index), prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     logits = []
     while engine.has_unfinished():
         engine.step()
-        logits.append(engine.runner.last_logits.detach().clone())
+        logits.append(engine.runner.last_logits.detach().float().cpu().clone())
     return logits, engine
 
 
 def test_static_decode_calls_each_layer_at_both_points_and_joins_once_per_step(tiny_nvfp4) -> None:
-    plain, _ = _static_decode(tiny_nvfp4, None)
+    plain, _ = _decode(tiny_nvfp4, None)
     recorder = _Recorder()
-    with_prefetch, _ = _static_decode(tiny_nvfp4, recorder)
+    with_prefetch, _ = _decode(tiny_nvfp4, recorder)
     assert len(plain) == len(with_prefetch)
     for a, b in zip(plain, with_prefetch, strict=True):
         assert torch.equal(a, b)
@@ -180,21 +183,11 @@ def test_graph_decode_with_prefetch_gives_the_same_logits_on_cuda(point) -> None
     model = build_preset("tiny", device=torch.device("cuda"), dtype=torch.bfloat16, seed=3, quantize="nvfp4")
 
     def run(prefetch_point):
-        config = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=2, max_model_len=48, num_blocks=16)
-        engine = LLMEngine(model, load_tokenizer("tiny"), config, decode_mode="graphs")
+        logits, engine = _decode(model, lambda m: l2_prefetch.for_model(m, prefetch_point), device="cuda", mode="graphs")
         decoder = engine.runner.decoder
-        decoder.prefetch = l2_prefetch.for_model(model, prefetch_point)
         assert (decoder.prefetch is None) == (prefetch_point == "off")
         if decoder.prefetch is not None:
             assert decoder.prefetch.nbytes > 0 and len(decoder.prefetch.tables) == len(model.layers)
-        generator = torch.Generator().manual_seed(5)
-        for index in range(2):
-            prompt = torch.randint(1, model.config.vocab_size, (7 + 3 * index,), generator=generator).tolist()
-            engine.add_request(str(index), prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
-        logits = []
-        while engine.has_unfinished():
-            engine.step()
-            logits.append(engine.runner.last_logits.detach().float().cpu().clone())
         assert decoder.captured_buckets, "the decode steps ran as graphs"
         return logits
 

@@ -124,3 +124,26 @@ def test_every_committed_tuning_file_validates() -> None:
     for path in files:
         settings = tuning.TuningFile.model_validate(json.loads(path.read_text()))
         assert tuning.device_file(settings.device) == path, f"{path.name} is named for another device than {settings.device!r}"
+
+
+def test_a_switch_is_taken_only_when_faster_overall_and_nowhere_slower() -> None:
+    rows = [{"new": 7.5, "old": 8.2}, {"new": 20.9, "old": 20.3}]  # run58's one-launch GDN step, batches 1 and 8
+    assert tuning.switch_wins(rows, "new", "old") == (False, pytest.approx(28.4 / 28.5))  # 3% slower at batch 8
+    take, total = tuning.switch_wins([{"new": 9.0, "old": 10.0}, {"new": 10.1, "old": 10.0}], "new", "old")
+    assert take and total == pytest.approx(0.955)
+    assert not tuning.switch_wins([{"new": 9.9, "old": 10.0}], "new", "old")[0]  # 1%: inside the margin
+
+
+def test_switch_timing_writes_its_records_and_a_valid_setting(tmp_path) -> None:
+    tuning_file = tmp_path / "t.json"
+    tuning_file.write_text(json.dumps({"device": "x", "gdn_step_split": 4}))
+    rows = [{"ok": True, "on": 5.0, "off": 6.0}]
+    assert tuning.finish_switch_timing(tmp_path / "r.json", {"rows": rows}, rows, "ok", "on", "off", "moe_expert_prefetch", tuning_file) == 0
+    assert json.loads(tuning_file.read_text()) == {"device": "x", "gdn_step_split": 4, "moe_expert_prefetch": 1}
+    assert json.loads((tmp_path / "r.json").read_text()) == {"rows": rows}
+    bad = [{"ok": False, "on": 1.0, "off": 6.0}]  # the forms disagree: nothing written, exit status 1
+    assert tuning.finish_switch_timing(tmp_path / "r.json", {}, bad, "ok", "on", "off", "gdn_step_fused_conv", tuning_file) == 1
+    assert "gdn_step_fused_conv" not in json.loads(tuning_file.read_text())
+    with pytest.raises(ValueError):
+        tuning.write_setting(tuning_file, "moe_expert_prefetch", 3)  # out of range: the file must still validate
+    assert json.loads(tuning_file.read_text())["moe_expert_prefetch"] == 1
