@@ -219,7 +219,7 @@ def gdn_decode_step(
     out: torch.Tensor,  # [B, Hv * Dv] model dtype
     eps: float,
 ) -> None:
-    """One Gated DeltaNet decode token per sequence (see the module docstring); two launches, capturable."""
+    """One Gated DeltaNet decode token per sequence (see the module docstring); two launches (one with `FUSED_CONV`), capturable."""
     dims = check_gdn_decode_step(
         mixed_qkv, z, b, a, conv_weight, A_log, dt_bias, norm_weight, conv_state, recurrent_state, state_slots, has_initial_state, out, eps
     )
