@@ -17,11 +17,11 @@ TESTS_RC=$?; echo "pytest rc=$TESTS_RC"; grep -E "passed|failed|FAILED|Error" "$
   timeout 90 python3 benchmarks/kernels/time_moe_expert_prefetch.py "$OUT/$NAME-expert-prefetch.json" --tuning "$TUNING"; echo "expert prefetch rc=$?"
   timeout 60 python3 benchmarks/kernels/time_gdn_fused_conv.py "$OUT/$NAME-gdn-fused-conv.json" --tuning "$TUNING"; echo "gdn fused conv rc=$?"
   timeout 110 python3 benchmarks/kernels/time_l2_prefetch.py "$OUT/$NAME-l2-prefetch.json" --rounds 2 --tuning "$TUNING"; echo "l2 prefetch rc=$?"
+  timeout 90 python3 benchmarks/kernels/time_l2_hot_cold.py "$OUT/$NAME-l2-hot-cold.json"; echo "hot/cold rc=$?"  # run58's were untuned
 } > "$LOG" 2>&1
-grep -E "rc=|tuning:|^[0-9]+ \{" "$LOG" | cut -c1-240
+grep -E "rc=|tuning:|^[0-9]+ \{|hot_us" "$LOG" | cut -c1-240
 cp "$TUNING" "$OUT/$NAME-tuning.json"
-(cd "$OUT" && tar -czf "$NAME-kernels.tgz" "$NAME"-expert-prefetch.json "$NAME"-gdn-fused-conv.json "$NAME"-l2-prefetch.json "$NAME"-tuning.json 2>/dev/null \
-    && rm -f "$NAME"-expert-prefetch.json "$NAME"-gdn-fused-conv.json "$NAME"-l2-prefetch.json "$NAME"-tuning.json)  # one file: 8 come back at most
+(cd "$OUT" && tar -czf "$NAME-kernels.tgz" "$NAME"-*.json 2>/dev/null && rm -f "$NAME"-*.json)  # one file: 8 come back at most
 timeout "${BENCH_S:-330}" python3 -m toolbox.cli engine bench --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" > "$OUT/$NAME-bench.log" 2>&1
 echo "bench rc=$? (1: gate failed, 124: out of time)"; grep -v "^\s*$" "$OUT/$NAME-bench.log" | tail -n 3 | cut -c1-300
 [ -f "$OUT/$NAME.md" ] && grep -E "^\| (TTFT|TPOT|output)|accuracy gate|Total over|Peer vs|GPU time of the graph" "$OUT/$NAME.md" | cut -c1-250
