@@ -4,6 +4,7 @@
 # switch into this copy's tuning file when it wins by more than 2% (copy the file back into the repository only after
 # reading the logs), then the full bench with the peer on that tuning.
 # Usage: NAME=run59 COMMIT=<sha> bash benchmarks/gpu_session16.sh      (writes 6 files under $OUT; the kernel JSONs in one .tgz)
+# Expected about 550 s in all (tests ~60, timings ~190, bench ~300): within a 600 s call only just; the timeouts are caps.
 set -u
 OUT="${OUT:-/tmp/session16-out}"; NAME="${NAME:-session16}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
