@@ -13,6 +13,10 @@ With `WITH_SHARED` (`router_topk_with_shared`) the logits row has E+1 columns: t
 top-k still read columns 0..E-1 only, and the program also reads column E (the shared expert's gate
 logit) and writes a (top_k+1)-th slot: id E (sentinel: "shared expert"), weight sigmoid(logit E)
 in float32. Output rows are then top_k+1 wide.
+
+The fused launch (`router_gemv_topk_with_shared`) can also start a bulk L2 prefetch of the selected experts' weights
+from the program that finishes a token's top-k (`PREFETCH_EXPERTS`, tuning key `moe_expert_prefetch`; off, not yet
+timed on a GPU).
 """
 
 from __future__ import annotations

@@ -145,7 +145,6 @@ class TuningFile(BaseModel):
     gemm_prefetch_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: next K step's x and scales loaded ahead
     gemm_prefetch_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
     gemm_swap_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: weight tile as the dot's first operand
-    l2_prefetch: Literal["off", "mixer", "moe"] | None = None  # CUDA-graph decode: where layer l issues layer l + 1's L2 prefetch
     gemm_swap_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
     gemm_decode_moe: int | None = Field(default=None, ge=1, le=2)  # the routed experts' prefill GEMMs: 2 decodes into the register operand
     moe_prefill_fused_gate_up: int | None = Field(default=None, ge=0, le=1)  # their gate/up launch: 1 one dot over interleaved gate and up rows
@@ -161,6 +160,7 @@ class TuningFile(BaseModel):
     dequant_min_tokens: int | None = Field(default=None, ge=65)  # prefill linears from this many tokens: bfloat16 weight copy + cuBLAS
     paged_min_tokens_per_split: int | None = Field(default=None, ge=16, le=1024)  # paged decode: tokens walked by one split at least
     paged_waves: int | None = Field(default=None, ge=1, le=64)  # paged decode: splits to fill the multiprocessors this many times
+    l2_prefetch: Literal["off", "mixer", "moe"] | None = None  # CUDA-graph decode: where layer l issues layer l + 1's L2 prefetch
     small_m_gemm: list[SmallGemmEntry] = []
     moe_grouped_decode: MoeGroupedSettings | None = None
     moe_grouped_half: MoeGroupedHalfSettings | None = None
