@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the next GPU call (an H200: the bench with the peer does not fit an H100's 80 GB). CUDA tests of the fifteenth
+# For the next GPU call (an H200 or, since the bench parks our weights on the host while the peer runs, an H100). CUDA tests of the fifteenth
 # session's pieces (L2 prefetch, one-launch GDN step, the router's expert prefetch), then their timings, each writing its
 # switch into this copy's tuning file when it wins by more than 2% (copy the file back into the repository only after
 # reading the logs), then the full bench with the peer on that tuning.
@@ -11,7 +11,8 @@ export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
 TUNING="reference_engine/kernels/tuned/nvidia-h200.json"
 LOG="$OUT/$NAME-kernels.log"
 timeout "${TEST_S:-120}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/kernels/test_l2_prefetch.py \
-    tests/reference_engine/kernels/test_gdn_decode_step.py tests/reference_engine/kernels/test_router.py > "$OUT/$NAME-pytest.log" 2>&1
+    tests/reference_engine/kernels/test_gdn_decode_step.py tests/reference_engine/kernels/test_router.py \
+    tests/reference_engine/test_bench_offload.py > "$OUT/$NAME-pytest.log" 2>&1
 TESTS_RC=$?; echo "pytest rc=$TESTS_RC"; grep -E "passed|failed|FAILED|Error" "$OUT/$NAME-pytest.log" | tail -n 5
 [ "$TESTS_RC" = 0 ] || { grep -E "^E |error" "$OUT/$NAME-pytest.log" | head -n 30 | cut -c1-300; exit 1; }
 {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import statistics
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -23,28 +23,40 @@ from reference_engine.model.experts import RoutedExperts
 from reference_engine.model.linear import Linear
 
 
+def _dense(linear: Linear, dtype: torch.dtype, device: torch.device | None) -> torch.Tensor:
+    """The linear's dense weight, dequantised on `device` (its tensors copied there first) or where it lives."""
+    if device is not None and linear.is_nvfp4 and linear.weight_packed.device != device:
+        moved = {name: getattr(linear, name).to(device) for name in ("weight_packed", "weight_scale", "weight_scale_2", "input_scale")
+                 if getattr(linear, name) is not None}  # fmt: skip
+        linear = replace(linear, **moved)
+    weight = linear.dense_weight(dtype)
+    return weight if device is None else weight.to(device)
+
+
 def _experts(
-    experts: RoutedExperts, dtype: torch.dtype
+    experts: RoutedExperts, dtype: torch.dtype, device: torch.device | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if experts.is_fused_dense:
-        return experts.gate_up_proj.to(dtype), experts.down_proj.to(dtype)
+        return experts.gate_up_proj.to(device=device, dtype=dtype), experts.down_proj.to(device=device, dtype=dtype)
     gate_up = torch.stack(
         [
-            torch.cat([g.dense_weight(dtype), u.dense_weight(dtype)])
+            torch.cat([_dense(g, dtype, device), _dense(u, dtype, device)])
             for g, u in zip(experts.gate, experts.up)
         ]
     )  # [E, 2I, H]
-    down = torch.stack([d.dense_weight(dtype) for d in experts.down])  # [E, H, I]
+    down = torch.stack([_dense(d, dtype, device) for d in experts.down])  # [E, H, I]
     return gate_up, down
 
 
-def iter_hf_state(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, dense tensor) for every weight of our model, in the `Qwen3_5MoeForCausalLM` layout (prefix `model.`)."""
+def iter_hf_state(model, dtype: torch.dtype, device: torch.device | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, dense tensor) for every weight of our model, in the `Qwen3_5MoeForCausalLM` layout (prefix `model.`).
+
+    With `device`, every tensor is produced there (NVFP4 ones dequantised there), wherever the model's weights live."""
 
     def cast(value):
-        return (
-            value.dense_weight(dtype) if isinstance(value, Linear) else value.to(dtype)
-        )
+        if isinstance(value, Linear):
+            return _dense(value, dtype, device)
+        return value.to(device=device, dtype=dtype)
 
     yield "model.embed_tokens.weight", cast(model.embed_tokens)
     yield "model.norm.weight", cast(model.norm)
@@ -74,12 +86,12 @@ def iter_hf_state(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor
             ):
                 yield g + name + ".weight", cast(getattr(mixer, name))
             yield g + "conv1d.weight", cast(mixer.conv_weight)[:, None, :]
-            yield g + "A_log", mixer.A_log.float()
-            yield g + "dt_bias", mixer.dt_bias.float()
+            yield g + "A_log", mixer.A_log.to(device=device, dtype=torch.float32)
+            yield g + "dt_bias", mixer.dt_bias.to(device=device, dtype=torch.float32)
             yield g + "norm.weight", cast(mixer.norm_weight)
         m, mlp = p + "mlp.", layer.mlp
         yield m + "gate.weight", cast(mlp.gate)
-        gate_up, down = _experts(mlp.experts, dtype)
+        gate_up, down = _experts(mlp.experts, dtype, device)
         yield m + "experts.gate_up_proj", gate_up
         yield m + "experts.down_proj", down
         del gate_up, down
@@ -89,8 +101,12 @@ def iter_hf_state(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor
         yield m + "shared_expert_gate.weight", cast(mlp.shared_expert_gate)
 
 
-def build_peer(model, dtype: torch.dtype):
-    """A transformers Qwen3_5MoeForCausalLM on our model's device, filled with our (dequantised) weights."""
+def build_peer(model, dtype: torch.dtype, device: torch.device | None = None):
+    """A transformers Qwen3_5MoeForCausalLM on `device` (default: our model's), filled with our (dequantised) weights.
+
+    Our weights may live elsewhere (the bench parks them on the host so that both fit an 80 GB card): each
+    tensor is copied to `device` and dequantised there, one at a time."""
+    device = torch.device(device) if device is not None else model.device
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     fields = {
@@ -102,14 +118,14 @@ def build_peer(model, dtype: torch.dtype):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(model.device):
+        with torch.device(device):
             peer = Qwen3_5MoeForCausalLM(config).eval()
     finally:
         torch.set_default_dtype(previous)
     targets = dict(peer.named_parameters())
     filled = set()
     with torch.no_grad():
-        for name, tensor in iter_hf_state(model, dtype):
+        for name, tensor in iter_hf_state(model, dtype, device):
             if name not in targets:
                 raise ValueError(f"the transformers model has no parameter {name!r}")
             target = targets[name]

@@ -232,3 +232,25 @@ def test_profiles_run_after_every_timed_figure(tmp_path, monkeypatch) -> None:
     assert order.count("profile_decode_step") == 2  # batch 1 and batch 32
     summary = (tmp_path / "order.md").read_text()
     assert "batch 32, host" in summary and "batch 1, host" in summary
+
+
+def test_the_peer_runs_after_our_timed_figures_with_our_weights_parked(tmp_path, monkeypatch) -> None:
+    """The peer comes after our figures (our engine is gone, so our weights can leave the device) and before the profiles."""
+    from reference_engine.bench import measure, offload, peer, profile
+
+    order: list[str] = []
+    for name in ("ttft", "tpot", "throughput"):
+        original = getattr(measure.EngineBench, name)
+        monkeypatch.setattr(measure.EngineBench, name, lambda self, *args, _f=original, _n=name, **kw: order.append(_n) or _f(self, *args, **kw))
+    original_peer = peer.measure_peer
+    monkeypatch.setattr(peer, "measure_peer", lambda *args, **kw: order.append("peer") or original_peer(*args, **kw))
+    original_park = offload.weights_parked_on_host
+    monkeypatch.setattr(offload, "weights_parked_on_host", lambda model: order.append("park") or original_park(model))
+    original_profile = profile.profile_decode_step
+    monkeypatch.setattr(profile, "profile_decode_step", lambda *args, **kw: order.append("profile") or original_profile(*args, **kw))
+    document = run_bench(BenchOptions(**{**QUICK, "batch_sizes": (1, 2), "output_tokens": 2}, out_dir=str(tmp_path), name="peer-order"),
+                         log=lambda line: None)  # fmt: skip
+    assert order.index("park") < order.index("peer") < order.index("profile"), order
+    assert max(i for i, name in enumerate(order) if name in ("ttft", "tpot", "throughput")) < order.index("park"), order
+    assert document["peer"]["ttft_seconds"] > 0 and not document["partial"]
+    assert document["peer_agreement"]["same_top1"] and document["peer_agreement"]["kl"] < 1e-6
