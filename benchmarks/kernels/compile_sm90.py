@@ -110,9 +110,11 @@ def configs():
     gates_sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "a_log_ptr": "*fp32", "dt_bias_ptr": "*fp32", "g_ptr": "*fp32", "beta_ptr": "*fp32", "valid_ptr": "*i64", "T": I32, "stride_a": I32, "stride_b": I32}
     for has_valid in (False, True):
         yield f"gdn gates valid={has_valid}", gdn_gates._gdn_gates_kernel, gates_sig, {"HV": 32, "BLOCK_T": gdn_gates.BLOCK_T, "BLOCK_H": 32, "HAS_VALID": has_valid, "LIBDEVICE": True}
-    norm_sig = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "z_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "residual_out_ptr": "*bf16", "steps_ptr": "*bf16", "D": I32, "eps": "fp32", "z_heads": I32, "stride_zt": I32}
+    norm_sig = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "z_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "residual_out_ptr": "*bf16", "steps_ptr": "*bf16", "n_rows": I32, "D": I32, "eps": "fp32", "z_heads": I32, "stride_zt": I32}
     for mode, steps in ((norms.PLAIN, 0), (norms.FUSED_ADD, 0), (norms.FUSED_ADD, 1), (norms.GATED, 0)):
-        yield f"norm mode {mode} steps={steps}", norms._rms_norm_kernel, norm_sig, {"MODE": mode, "BF16": True, "BLOCK_D": 2048, "STEPS": steps}
+        yield f"norm mode {mode} steps={steps}", norms._rms_norm_kernel, norm_sig, {"MODE": mode, "BF16": True, "BLOCK_D": 2048, "STEPS": steps, "ROWS": 1}
+    for rows in (8, 16, 32):  # the Gated DeltaNet output norm's 128-wide rows, several per program
+        yield f"gated norm rows={rows}", norms._rms_norm_kernel, norm_sig, {"MODE": norms.GATED, "BF16": True, "BLOCK_D": 128, "STEPS": 0, "ROWS": rows}
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """RMSNorm kernels (contracts norms-and-activations/rmsnorm, fused-add-rmsnorm, gated-rmsnorm), Triton.
 
-One program per row of `[..., D]` (D up to a few thousand fits one block), float32 inside,
-rounded once into the output:
+One program per row of `[..., D]` (D up to a few thousand fits one block), or per `rows_per_program` rows when
+the rows are short (`ROW_ELEMENTS`), float32 inside, rounded once into the output:
 - `rms_norm`: x * rsqrt(mean(x^2) + eps) * (1 + w) (zero-centred weight);
 - `fused_add_rms_norm`: residual_out = x + residual rounded to x's dtype, then rms_norm of that
   rounded value (as the model adds in its dtype), both written by the same program;
@@ -45,30 +45,44 @@ def _step_column(n):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, steps_ptr, D, eps, z_heads, stride_zt,
-                     MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr, STEPS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK_D)
-    ok = cols < D
-    x = tl.load(x_ptr + row * D + cols, mask=ok, other=0.0).to(tl.float32)
+def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, steps_ptr, n_rows, D, eps, z_heads, stride_zt,
+                     MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr, STEPS: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
+    cols = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
+    ok = (cols < D) & (rows < n_rows)
+    at = rows * D + cols
+    x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
     if MODE == 1:
-        x = x + tl.load(residual_ptr + row * D + cols, mask=ok, other=0.0).to(tl.float32)
+        x = x + tl.load(residual_ptr + at, mask=ok, other=0.0).to(tl.float32)
         if BF16:
             x = _round_to_bf16(x)
         else:
             x = x.to(residual_out_ptr.dtype.element_ty).to(tl.float32)
-        tl.store(residual_out_ptr + row * D + cols, x.to(residual_out_ptr.dtype.element_ty), mask=ok)
-    weight = tl.load(weight_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    normed = x * tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+        tl.store(residual_out_ptr + at, x.to(residual_out_ptr.dtype.element_ty), mask=ok)
+    weight = tl.load(weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    normed = x * tl.rsqrt(tl.sum(x * x, axis=1)[:, None] / D + eps)
     if MODE == 2:
-        z_row = (row // z_heads) * stride_zt + (row % z_heads) * D  # z [T, heads, D] with any token stride
+        z_row = (rows // z_heads) * stride_zt + (rows % z_heads) * D  # z [T, heads, D] with any token stride
         z = tl.load(z_ptr + z_row + cols, mask=ok, other=0.0).to(tl.float32)
         y = weight * normed * (z * tl.sigmoid(z))
     else:
         y = normed * (1.0 + weight)
-    tl.store(out_ptr + row * D + cols, y.to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=ok)
     if STEPS:  # the same values again, each 128-column step permuted (D a multiple of 128)
-        tl.store(steps_ptr + row * D + _step_column(cols), y.to(steps_ptr.dtype.element_ty), mask=ok)
+        tl.store(steps_ptr + rows * D + _step_column(cols), y.to(steps_ptr.dtype.element_ty), mask=ok)
+
+
+# Elements per program: a program normalises max(1, ROW_ELEMENTS // BLOCK_D) rows (tuning key `norm_row_elements`).
+# With 1 every row is its own program, as before; the Gated DeltaNet output norm has rows of 128 (32 per token), so a
+# 1024-token prefill launches 32,768 programs of 128 elements each (`benchmarks/kernels/time_norm_rows.py`).
+ROW_ELEMENTS = 1
+
+
+def rows_per_program(width: int, row_elements: int | None = None) -> int:
+    """Rows one program normalises for rows of `width` (a power of two, at most 64)."""
+    block = next_power_of_2(width)
+    rows = max(1, (ROW_ELEMENTS if row_elements is None else row_elements) // block)
+    return min(64, next_power_of_2(rows))
 
 
 def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=None, steps_out=None) -> None:
@@ -86,11 +100,13 @@ def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=
     z_c, z_heads, stride_zt = x_c, rows, 0  # rows of z at row * D (contiguous)
     if z is not None:
         z_c, z_heads, stride_zt = _token_strided(z)
-    _rms_norm_kernel[(rows,)](
+    per_program = rows_per_program(width)
+    _rms_norm_kernel[(triton.cdiv(rows, per_program),)](
         x_c, residual.contiguous() if residual is not None else x_c, z_c,
         weight.contiguous(), target, residual_target if residual_target is not None else target,
-        steps if steps is not None else target, width, float(eps), z_heads, stride_zt,
+        steps if steps is not None else target, rows, width, float(eps), z_heads, stride_zt,
         MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=next_power_of_2(width), STEPS=int(steps_out is not None),
+        ROWS=per_program,
     )
     if residual_target is not None and residual_target is not residual_out:
         residual_out.copy_(residual_target)

@@ -43,7 +43,9 @@ decode their weights once into bfloat16 and call cuBLAS (`benchmarks/kernels/tim
 whether those copies are kept between prefills;
 `paged_min_tokens_per_split` and `paged_waves` the split plan of the paged decode attention
 (`benchmarks/kernels/time_paged_decode.py`); `l2_prefetch` ("off", "mixer", "moe") whether and where each decode
-layer warms the next layer's weights in L2 (`kernels/l2_prefetch.py`, `benchmarks/kernels/time_l2_prefetch.py`).
+layer warms the next layer's weights in L2 (`kernels/l2_prefetch.py`, `benchmarks/kernels/time_l2_prefetch.py`);
+`norm_row_elements` the elements one RMSNorm program covers, so that short rows (the Gated DeltaNet output norm's 128)
+share a program (`benchmarks/kernels/time_norm_rows.py`).
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
 their measured configuration (others keep `nvfp4_gemv.plan`), the MoE settings replace the module
@@ -161,6 +163,7 @@ class TuningFile(BaseModel):
     paged_min_tokens_per_split: int | None = Field(default=None, ge=16, le=1024)  # paged decode: tokens walked by one split at least
     paged_waves: int | None = Field(default=None, ge=1, le=64)  # paged decode: splits to fill the multiprocessors this many times
     l2_prefetch: Literal["off", "mixer", "moe"] | None = None  # CUDA-graph decode: where layer l issues layer l + 1's L2 prefetch
+    norm_row_elements: Literal[1, 1024, 2048, 4096] | None = None  # RMSNorm kernels: elements per program (short rows share one)
     small_m_gemm: list[SmallGemmEntry] = []
     moe_grouped_decode: MoeGroupedSettings | None = None
     moe_grouped_half: MoeGroupedHalfSettings | None = None
@@ -180,6 +183,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
         moe_decode,
         moe_grouped_decode,
         moe_grouped_half,
+        norms,
         nvfp4_dequant,
         nvfp4_gemm,
         nvfp4_gemv,
@@ -220,6 +224,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
         gdn_chunked_prefill.PREPARE_WARPS = tuning.gdn_prefill_prepare_warps
     if tuning.l2_prefetch is not None:
         l2_prefetch.POINT = None if tuning.l2_prefetch == "off" else tuning.l2_prefetch
+    if tuning.norm_row_elements is not None:
+        norms.ROW_ELEMENTS = tuning.norm_row_elements
     if tuning.dequant_min_tokens is not None:
         nvfp4_dequant.MIN_TOKENS = tuning.dequant_min_tokens
     if tuning.dequant_cache is not None:

@@ -135,7 +135,7 @@ assert not torch.equal(permute_steps(out), out), "the permutation is the identit
 assert steps_ok(out, steps_out), "steps_out is not permute_steps(out)"
 print("steps_out == permute_steps(out)")
 for name, old, new in (
-    ("natural_order", "steps_ptr + row * D + _step_column(cols)", "steps_ptr + row * D + cols"),
+    ("natural_order", "steps_ptr + rows * D + _step_column(cols)", "steps_ptr + rows * D + cols"),
     ("groups_swapped", "(((r >> 1) & 1) << 4) + ((r & 1) << 3)", "(((r >> 1) & 1) << 3) + ((r & 1) << 4)"),
 ):
     wrong = wrong_source.wrong_module(kernels, name, old, new)
@@ -181,3 +181,65 @@ def test_fused_add_norm_steps_copy_on_cuda():
         outs.append((out, residual_out, steps))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     assert torch.equal(outs[1][2], permute_steps(outs[1][0]))
+
+
+# Several short rows per program (`ROW_ELEMENTS`): every mode against the torch ops on random data with NaN-poisoned
+# outputs, row counts that leave a partial last program, and the fused add's residual bit-equal; a known-wrong launch
+# whose programs overlap (the row offset not scaled by ROWS) leaves rows unwritten and is caught.
+ROWS_SCRIPT = """
+import torch
+import wrong_source
+from reference_engine.kernels import norms as kernels
+from reference_engine.ops import norms as torch_ops
+
+g = torch.Generator().manual_seed(17)
+T, H, D = 5, 3, 16  # 15 rows of 16: 4 rows per program at 64 elements, the last program half empty
+x, z, residual = (torch.randn(T, H, D, generator=g) for _ in range(3))
+weight = torch.randn(D, generator=g) * 0.5
+
+def run(module):
+    gated, plain, added, summed = (torch.full_like(x, float("nan")) for _ in range(4))
+    module.gated_rms_norm(x, z, weight, gated)
+    module.rms_norm(x, weight, plain)
+    module.fused_add_rms_norm(x, residual, weight, added, summed)
+    return gated, plain, added, summed
+
+assert kernels.rows_per_program(16, 64) == 4 and kernels.rows_per_program(2048, 2048) == 1 and kernels.rows_per_program(128, 2048) == 16
+expected = [torch.empty_like(x) for _ in range(4)]
+torch_ops.gated_rms_norm(x, z, weight, expected[0])
+torch_ops.rms_norm(x, weight, expected[1])
+torch_ops.fused_add_rms_norm(x, residual, weight, expected[2], expected[3])
+kernels.ROW_ELEMENTS = 64
+got = run(kernels)
+for name, a, b in zip(("gated", "plain", "fused add"), got, expected):
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+assert torch.equal(got[3], expected[3]), "residual sum"
+print("4 rows per program: ok")
+wrong = wrong_source.wrong_module(kernels, "overlapping_programs", "tl.program_id(0).to(tl.int64) * ROWS", "tl.program_id(0).to(tl.int64)")
+wrong.ROW_ELEMENTS = 64
+bad = run(wrong)
+assert not torch.isfinite(bad[0]).all(), "overlapping programs not caught"
+print("overlapping programs: caught")
+print("ok")
+"""
+
+
+def test_several_rows_per_program_under_the_interpreter():
+    assert_script_ok(interpreter_run({}, ROWS_SCRIPT))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("row_elements", [1, 2048, 4096])
+def test_gated_norm_rows_per_program_on_cuda(monkeypatch, row_elements):
+    """The Gated DeltaNet output norm's prefill shape (1024 tokens x 32 heads x 128) at several rows per program."""
+    from reference_engine.kernels import norms as kernels
+    from reference_engine.ops import norms as torch_ops
+
+    monkeypatch.setattr(kernels, "ROW_ELEMENTS", row_elements)
+    generator = torch.Generator(device="cuda").manual_seed(row_elements)
+    x, z = (torch.randn(1024, 32, 128, generator=generator, device="cuda").bfloat16() for _ in range(2))
+    weight = torch.randn(128, generator=generator, device="cuda").bfloat16()
+    expected, got = torch.empty_like(x), torch.full_like(x, float("nan"))
+    torch_ops.gated_rms_norm(x, z, weight, expected)
+    kernels.gated_rms_norm(x, z, weight, got)
+    torch.testing.assert_close(got, expected, rtol=1.6e-2, atol=1e-2)
