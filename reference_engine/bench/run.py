@@ -1,4 +1,4 @@
-"""The whole benchmark in one run: environment, ceilings, accuracy gate, our figures, profile, peer, floors, files.
+"""The whole benchmark in one run: environment, ceilings, accuracy gate, our figures, peer, floors, profiles, files.
 
 `run_bench(BenchOptions(...))` returns the JSON document (and writes it with the Markdown summary).
 It raises `GateFailed` (holding the gate's numbers, also written to the JSON) before any speed is

@@ -107,12 +107,6 @@ def test_a_host_model_is_not_moved() -> None:
     assert [t.untyped_storage().data_ptr() for t in reachable_tensors(model)] == old
 
 
-def test_hf_state_on_a_named_device_matches() -> None:
-    model = _tiny()
-    plain, named = _state(model), _state(model, torch.device("cpu"))
-    assert all(torch.equal(plain[k], named[k]) for k in plain)
-
-
 @pytest.mark.cuda
 def test_parking_on_the_host_frees_the_device_and_comes_back_unchanged() -> None:
     from reference_engine.bench.gate import run_gate
