@@ -289,6 +289,7 @@ DOWN_BLOCK_H, DOWN_BLOCK_I = 16, 128  # output rows per program, packed bytes pe
 WORDS = 0  # NVFP4 weight reads: 0 bytes, 1 int32 words with two codes decoded per shift and mask (`_nvfp4_rows_dot_words`),
 # 2 (bfloat16 x; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`)
 DOWN_SPLIT = 1  # programs a token's down slots are dealt over (ticket-ordered sum); run22: no faster at 1 or 32 tokens, so off
+PERSISTENT = False  # one token: router, gate/up and down in one persistent launch (`moe_block_persistent`, its `PLAN`)
 BATCH_ONE: tuple[int, ...] | None = None  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS[, DOWN_SPLIT]) for one token
 
 
@@ -454,6 +455,11 @@ def moe_block_decode(
     check_moe_block_decode(x, router_weight, experts, shared, top_k, out)
     require_launchable(x, router_weight, out)
     num_tokens = x.shape[0]
+    if PERSISTENT and num_tokens == 1:  # the whole block in one persistent launch (tuning key `moe_block_persistent`)
+        from reference_engine.kernels import moe_block_persistent  # it imports this module's device functions
+
+        moe_block_persistent.moe_block_persistent(x, router_weight, experts, shared, top_k, out)
+        return
     topk_weights = torch.empty(num_tokens, top_k + 1, dtype=torch.float32, device=x.device)
     topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
     if num_tokens <= router.FUSED_ROUTER_MAX_TOKENS and x.is_contiguous() and router_weight.is_contiguous():

@@ -36,10 +36,9 @@ from reference_engine.ops.registry import satisfies
 
 
 @triton.jit
-def _topk_row(logits_row, weights_row, ids_row, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-              WITH_SHARED: tl.constexpr, COHERENT: tl.constexpr):
-    """One token's top-k from its logits row (pointers to the row and to its output rows). COHERENT: read the
-    logits from L2 (other programs of the same kernel wrote them)."""
+def _topk_pick(logits_row, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, COHERENT: tl.constexpr):
+    """One token's top-k from its logits row, in registers: (ids [BK] int32, weights [BK] float32, keep [BK]: slot <
+    TOP_K). COHERENT: read the logits from L2 (other programs of the same kernel wrote them)."""
     experts = tl.arange(0, BLOCK_E)
     valid = experts < E
     if COHERENT:
@@ -64,9 +63,19 @@ def _topk_row(logits_row, weights_row, ids_row, E, TOP_K: tl.constexpr, BLOCK_E:
         chosen_ids = tl.where(slots == slot, index, chosen_ids)
         chosen_logits = tl.where(slots == slot, value, chosen_logits)
     top = tl.max(chosen_logits, axis=0)
-    numerators = tl.where(slots < TOP_K, tl.exp(chosen_logits - top), 0.0)
-    weights = numerators / tl.sum(numerators, axis=0)
     keep = slots < TOP_K
+    numerators = tl.where(keep, tl.exp(chosen_logits - top), 0.0)
+    weights = numerators / tl.sum(numerators, axis=0)
+    return chosen_ids, weights, keep
+
+
+@triton.jit
+def _topk_row(logits_row, weights_row, ids_row, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+              WITH_SHARED: tl.constexpr, COHERENT: tl.constexpr):
+    """One token's top-k from its logits row (pointers to the row and to its output rows), stored with the shared
+    slot when WITH_SHARED. COHERENT: read the logits from L2 (other programs of the same kernel wrote them)."""
+    chosen_ids, weights, keep = _topk_pick(logits_row, E, TOP_K, BLOCK_E, BLOCK_K, COHERENT)
+    slots = tl.arange(0, BLOCK_K)
     tl.store(weights_row + slots, weights, mask=keep)
     tl.store(ids_row + slots, chosen_ids, mask=keep)
     _shared_slot(logits_row, weights_row, ids_row, E, TOP_K, WITH_SHARED, COHERENT)
@@ -118,6 +127,23 @@ def _router_topk_kernel(
 
 
 @triton.jit
+def _router_logits_rows(x_row, w_ptr, logits_row, block, E, H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Logits rows block*BLOCK_R.. of one token (rows 0..E: the routed rows, then the shared expert's gate row): float32
+    sums over H, stored rounded to the logits' dtype (x's, as F.linear returns them)."""
+    rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows <= E
+    cols = tl.arange(0, BLOCK_H)
+    acc = tl.zeros((BLOCK_R, BLOCK_H), dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        ok = (h0 + cols) < H
+        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * H + (h0 + cols)[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
+        xv = tl.load(x_row + h0 + cols, mask=ok, other=0.0)
+        acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
+    logits = tl.sum(acc, axis=1)
+    tl.store(logits_row + rows, logits.to(logits_row.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
 def _router_gemv_topk_kernel(
     x_ptr, w_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, E, H: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, ROW_BLOCKS: tl.constexpr,
@@ -129,19 +155,8 @@ def _router_gemv_topk_kernel(
     computes logits rows r*BLOCK_R.. of token t (float32 sums over H, rounded to x's dtype as F.linear
     returns them) into `logits [T, E+1]`, then takes a ticket from the token's counter; the program that
     draws the last one runs `_topk_row` over the finished row and puts the counter back to zero."""
-    block = tl.program_id(0)
     token = tl.program_id(1).to(tl.int64)
-    rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = rows <= E  # E routed rows and the shared expert's gate row
-    cols = tl.arange(0, BLOCK_H)
-    acc = tl.zeros((BLOCK_R, BLOCK_H), dtype=tl.float32)
-    for h0 in range(0, H, BLOCK_H):
-        ok = (h0 + cols) < H
-        w = tl.load(w_ptr + rows[:, None].to(tl.int64) * H + (h0 + cols)[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
-        xv = tl.load(x_ptr + token * H + h0 + cols, mask=ok, other=0.0)
-        acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
-    logits = tl.sum(acc, axis=1)
-    tl.store(logits_ptr + token * (E + 1) + rows, logits.to(logits_ptr.dtype.element_ty), mask=row_ok)
+    _router_logits_rows(x_ptr + token * H, w_ptr, logits_ptr + token * (E + 1), tl.program_id(0), E, H, BLOCK_R, BLOCK_H)
     tl.debug_barrier()  # every thread's logits are stored before the ticket is taken (release, GPU scope)
     ticket = tl.atomic_add(counter_ptr + token, 1, sem="acq_rel", scope="gpu")
     if ticket == ROW_BLOCKS - 1:

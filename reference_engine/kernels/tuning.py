@@ -45,7 +45,8 @@ whether those copies are kept between prefills;
 (`benchmarks/kernels/time_paged_decode.py`); `l2_prefetch` ("off", "mixer", "moe") whether and where each decode
 layer warms the next layer's weights in L2 (`kernels/l2_prefetch.py`, `benchmarks/kernels/time_l2_prefetch.py`);
 `norm_row_elements` the elements one RMSNorm program covers, so that short rows (the Gated DeltaNet output norm's 128)
-share a program (`benchmarks/kernels/time_norm_rows.py`).
+share a program (`benchmarks/kernels/time_norm_rows.py`); `moe_block_persistent` the batch-1 MoE block in one persistent
+launch (`on` 1) and its plan (`kernels/moe_block_persistent.py`, `benchmarks/kernels/time_moe_persistent.py`).
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
 their measured configuration (others keep `nvfp4_gemv.plan`), the MoE settings replace the module
@@ -127,6 +128,22 @@ class MoeGroupedHalfSettings(BaseModel):
     pairs: int = Field(default=0, ge=0, le=1)  # x and the activation converted once into float16 pairs
 
 
+class MoePersistentSettings(BaseModel):
+    """The batch-1 MoE block in one persistent launch (`moe_block_persistent.PersistentPlan`) and whether it runs."""
+
+    model_config = ConfigDict(extra="forbid")
+    on: int = Field(ge=0, le=1)  # 1: `moe_decode.moe_block_decode` sends one-token blocks there
+    programs_per_sm: int = Field(default=1, ge=1, le=8)
+    router_rows: Literal[1, 2, 4, 8] = 2
+    gate_up_block_n: Literal[4, 8, 16, 32, 64] = 8
+    gate_up_block_k: Literal[64, 128, 256, 512] = 256
+    down_block_h: Literal[4, 8, 16, 32, 64] = 8
+    down_block_i: Literal[64, 128, 256] = 256
+    loop: int = Field(default=3, ge=0, le=4)
+    words: int = Field(default=2, ge=0, le=2)
+    num_warps: Literal[1, 2, 4, 8] = 4
+
+
 class TuningFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     device: str
@@ -167,6 +184,7 @@ class TuningFile(BaseModel):
     small_m_gemm: list[SmallGemmEntry] = []
     moe_grouped_decode: MoeGroupedSettings | None = None
     moe_grouped_half: MoeGroupedHalfSettings | None = None
+    moe_block_persistent: MoePersistentSettings | None = None
 
 
 def device_file(device_name: str) -> Path:
@@ -248,6 +266,12 @@ def apply_tuning(path: str | Path) -> TuningFile:
         moe_grouped_half.PLAN = moe_grouped_half.HalfGroupedPlan(**settings)
     if tuning.moe_decode_batch_one is not None:
         moe_decode.BATCH_ONE = tuple(tuning.moe_decode_batch_one.model_dump().values())
+    if tuning.moe_block_persistent is not None:
+        from reference_engine.kernels import moe_block_persistent
+
+        settings = tuning.moe_block_persistent.model_dump()
+        moe_decode.PERSISTENT = bool(settings.pop("on"))
+        moe_block_persistent.PLAN = moe_block_persistent.PersistentPlan(**settings)
     return tuning
 
 
