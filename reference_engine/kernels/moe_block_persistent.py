@@ -40,7 +40,6 @@ import triton
 import triton.language as tl
 
 from reference_engine.kernels.launch import (
-    cdiv,
     finish,
     interpreting,
     next_power_of_2,

@@ -456,7 +456,9 @@ def moe_block_decode(
     require_launchable(x, router_weight, out)
     num_tokens = x.shape[0]
     if PERSISTENT and num_tokens == 1:  # the whole block in one persistent launch (tuning key `moe_block_persistent`)
-        from reference_engine.kernels import moe_block_persistent  # it imports this module's device functions
+        from reference_engine.kernels import (
+            moe_block_persistent,  # it imports this module's device functions
+        )
 
         moe_block_persistent.moe_block_persistent(x, router_weight, experts, shared, top_k, out)
         return
