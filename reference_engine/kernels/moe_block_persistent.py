@@ -274,8 +274,9 @@ def prepare(
     x: torch.Tensor, router_weight: torch.Tensor, experts: StackedNvfp4Experts, shared: SharedNvfp4Expert, top_k: int, out: torch.Tensor,
     plan: PersistentPlan | None = None, routing: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> PreparedBlock:
-    """Checks and the kernel arguments of `moe_block_persistent` (its parameters). Under the interpreter the logits and
-    the activation start as NaN, so a phase that reads them before they are written shows in the output."""
+    """Checks and the kernel arguments of `moe_block_persistent` (its parameters). Under the interpreter the logits, the
+    activation and the routing weights start as NaN, so a phase that reads them before they are written shows in the
+    output."""
     num_experts, intermediate = check_moe_block_decode(x, router_weight, experts, shared, top_k, out)
     if x.shape[0] != 1:
         raise ValueError(f"the persistent MoE block takes one token, got {x.shape[0]}")
@@ -297,8 +298,11 @@ def prepare(
     new = (lambda *shape, dtype: torch.full(shape, float("nan"), dtype=dtype)) if interpreter else (
         lambda *shape, dtype: torch.empty(shape, dtype=dtype, device=x.device))  # fmt: skip
     logits = new(num_experts + 1, dtype=x.dtype)
-    weights, ids = routing if routing is not None else (torch.empty(1, top_k + 1, dtype=torch.float32, device=x.device),
-                                                        torch.empty(1, top_k + 1, dtype=torch.int32, device=x.device))  # fmt: skip
+    if routing is not None:
+        weights, ids = routing
+    else:  # the interpreter starts the ids at 0 (in range) and the weights at NaN: read too early, they show in the output
+        weights = new(1, top_k + 1, dtype=torch.float32)
+        ids = torch.zeros(1, top_k + 1, dtype=torch.int32) if interpreter else torch.empty(1, top_k + 1, dtype=torch.int32, device=x.device)
     act = new(top_k + 1, intermediate, dtype=torch.float32 if interpreter else x.dtype)  # interpreter: torch rounds before phase 3
     act_in = act.view(torch.int32) if half and not interpreter else act
     buffer = staging_buffer(out)
