@@ -13,13 +13,13 @@ TUNING="reference_engine/kernels/tuned/nvidia-h200.json"
 LOG="$OUT/$NAME-kernels.log"; PHASE="${PHASE:-all}"
 if [ "$PHASE" != bench ]; then
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
-timeout "${TEST_S:-200}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/kernels/test_moe_block_persistent.py \
+timeout "${TEST_S:-150}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/kernels/test_moe_block_persistent.py \
     tests/reference_engine/test_bench_offload.py tests/reference_engine/kernels/test_norms.py > "$OUT/$NAME-pytest.log" 2>&1
 TESTS_RC=$?; echo "pytest rc=$TESTS_RC"; grep -E "passed|failed|FAILED|Error" "$OUT/$NAME-pytest.log" | tail -n 5
 if [ "$TESTS_RC" != 0 ]; then grep -E "^E |error|Timeout" "$OUT/$NAME-pytest.log" | head -n 30 | cut -c1-300; fi
 {
   if grep -q "test_one_launch_with_barriers.*PASSED\|passed" "$OUT/$NAME-pytest.log" && ! grep -q "FAILED.*test_moe_block_persistent" "$OUT/$NAME-pytest.log"; then
-    timeout 300 python3 benchmarks/kernels/time_moe_persistent.py "$OUT/$NAME-moe-persistent.json" --tuning "$TUNING" --model full; echo "moe persistent rc=$?"
+    timeout 270 python3 benchmarks/kernels/time_moe_persistent.py "$OUT/$NAME-moe-persistent.json" --tuning "$TUNING" --model full; echo "moe persistent rc=$?"
   else echo "moe persistent skipped: its CUDA test did not pass"; fi
   timeout 60 python3 benchmarks/kernels/time_norm_rows.py "$OUT/$NAME-norm-rows.json" --tuning "$TUNING"; echo "norm rows rc=$?"
   timeout 80 python3 benchmarks/kernels/time_moe_expert_prefetch.py "$OUT/$NAME-expert-prefetch.json" --tuning "$TUNING"; echo "expert prefetch rc=$?"
