@@ -1,7 +1,7 @@
 """Compile every decode kernel for sm_90 ahead of time, without a GPU (Triton's bundled ptxas).
 
 Catches what the CPU interpreter cannot: code the GPU compiler rejects (layouts, dot shapes,
-bitcasts, constexpr use). Run from the repository root: `PYTHONPATH=. python benchmarks/kernels/compile_sm90.py`.
+bitcasts, constexpr use). Run from the repository root: `PYTHONPATH=. python benchmarks/kernels/compile_sm90.py [NAME-PART]`.
 Configurations are those the wrappers pick at the real decode shapes.
 """
 
@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import re
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -23,6 +27,7 @@ from reference_engine.kernels import (
     gdn_decode_step,
     gdn_gates,
     l2_prefetch,
+    moe_block_persistent,
     moe_decode,
     moe_grouped_half,
     norms,
@@ -115,11 +120,35 @@ def configs():
         yield f"norm mode {mode} steps={steps}", norms._rms_norm_kernel, norm_sig, {"MODE": mode, "BF16": True, "BLOCK_D": 2048, "STEPS": steps, "ROWS": 1}
     for rows in (8, 16, 32):  # the Gated DeltaNet output norm's 128-wide rows, several per program
         yield f"gated norm rows={rows}", norms._rms_norm_kernel, norm_sig, {"MODE": norms.GATED, "BF16": True, "BLOCK_D": 128, "STEPS": 0, "ROWS": rows}
+    persistent_sig = {"x_ptr": "*bf16", "x_in_ptr": "*i32", "router_w_ptr": "*bf16", "logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32",
+                      **{f"{prefix}{name}": kind for prefix in ("gu", "down", "sh_gu", "sh_down") for name, kind in (("_ptr", "*i64"), ("_scale_ptr", "*fp8e4nv"), ("_scale_2_ptr", "*fp32"))},
+                      "act_ptr": "*bf16", "act_in_ptr": "*i32", "out_ptr": "*bf16", "sync_ptr": "*i32"}  # fmt: skip
+    for gbn, dbh, loop, warps in ((8, 8, 3, 4), (16, 16, 3, 4), (4, 4, 3, 4), (8, 8, 1, 4), (8, 8, 2, 4), (8, 8, 3, 8)):  # time_moe_persistent's plans
+        yield f"moe block persistent {gbn}/{dbh} loop={loop} warps={warps}", moe_block_persistent._moe_block_persistent_kernel, persistent_sig, {
+            "E": 256, "H": 2048, "I": 512, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "ROUTER_ROWS": 2, "ROUTER_BLOCK_H": 2048, "GU_BLOCK_N": gbn, "GU_BLOCK_K": 256,
+            "DOWN_BLOCK_H": dbh, "DOWN_BLOCK_I": 256, "LOOP": loop, "DECODE": 3, "PHASE": 0, "PROGRAMS": 132, "num_warps": warps}  # fmt: skip
+
+
+def _registers(compiled) -> str:
+    """", N registers, S spill bytes" from the bundled ptxas's report on the kernel's PTX ("" if it gives none)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as folder:
+        ptx = Path(folder) / "kernel.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        report = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", str(ptx), "-o", str(Path(folder) / "kernel.cubin")],
+                                capture_output=True, text=True, check=False).stderr  # fmt: skip
+    registers = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    return f"  registers {registers.group(1)}, spill stores {spills.group(1) if spills else '?'} B" if registers else ""
 
 
 def main() -> int:
+    only = sys.argv[1] if len(sys.argv) > 1 else ""  # a substring of the configurations' names: compile those alone
     failures = 0
     for name, kernel, signature, constants in configs():
+        if only not in name:
+            continue
         start = time.perf_counter()
         options = {"num_warps": constants.pop("num_warps")} if "num_warps" in constants else {}
         constants = {param.name: param.default for param in kernel.params  # parameters left at their defaults (None pointers, SPLIT 1, ...)
@@ -128,7 +157,7 @@ def main() -> int:
         try:
             compiled = triton.compile(ASTSource(kernel, full, constexprs=constants), target=TARGET, options=options)
             shared = compiled.metadata.shared
-            print(f"ok   {name:32s} {time.perf_counter() - start:5.1f} s  shared {shared} B  warps {compiled.metadata.num_warps}", flush=True)
+            print(f"ok   {name:32s} {time.perf_counter() - start:5.1f} s  shared {shared} B  warps {compiled.metadata.num_warps}{_registers(compiled)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every kernel
             failures += 1
             print(f"FAIL {name}: {type(error).__name__}: {str(error)[:600]}", flush=True)
