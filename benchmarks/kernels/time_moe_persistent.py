@@ -43,6 +43,8 @@ PLANS = {  # name: plan; "default" has the batch-one setting's tiles (bit-equal 
     "default": PersistentPlan(),
     "2_per_sm": PersistentPlan(programs_per_sm=2),
     "3_per_sm": PersistentPlan(programs_per_sm=3),
+    "4_per_sm_down4": PersistentPlan(programs_per_sm=4, down_block_h=4),  # more bytes in flight per multiprocessor
+    "6_per_sm_tiles4": PersistentPlan(programs_per_sm=6, gate_up_block_n=4, down_block_h=4),
     "tiles16": PersistentPlan(gate_up_block_n=16, down_block_h=16),
     "tiles4_2_per_sm": PersistentPlan(programs_per_sm=2, gate_up_block_n=4, down_block_h=4),
     "loop1": PersistentPlan(loop=1),
