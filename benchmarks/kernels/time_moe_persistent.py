@@ -4,7 +4,7 @@
 
 256 experts, top 8 plus the shared expert, NVFP4 weights at the real shape, the card's tuning applied. Forms: the
 three launches (`moe_decode.moe_block_decode`: fused router, gate/up, down), the persistent kernel run as three phased
-launches (no barrier), and the persistent kernel in one launch under several `PersistentPlan`s (programs per
+launches (no barrier), the default plan launched as a plain (not cooperative) grid, and the persistent kernel in one launch under several `PersistentPlan`s (programs per
 multiprocessor, tiles, pipeline depth). Each form runs once on the same NaN-poisoned output and is compared with the
 three launches: a relative error under 1e-2 (bit-equal is expected, and reported, where its tiles, router rows and
 warps are the three launches'; the CUDA test asserts that).
@@ -59,18 +59,20 @@ def run_form(name: str, x, layer_, out) -> None:
     moe_decode.PERSISTENT = name != "three"
     moe_block_persistent.PHASED = name == "phased"
     moe_block_persistent.PLAN = PLANS.get(name, PLANS["default"])
+    moe_block_persistent.COOPERATIVE = name != "default_plain_launch"
     moe_decode.moe_block_decode(x, weight, experts, shared, TOP_K, out=out)
 
 
 def reset() -> None:
     moe_decode.PERSISTENT, moe_block_persistent.PHASED, moe_block_persistent.PLAN = False, False, PLANS["default"]
+    moe_block_persistent.COOPERATIVE = True
 
 
 def kernel_timings(rounds: int) -> dict:
     layers = [layer() for _ in range(COPIES)]
     xs = [torch.randn(1, H, device="cuda").bfloat16() for _ in range(COPIES)]
     outs = [torch.empty(1, H, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
-    forms = ["three", "phased", *PLANS]
+    forms = ["three", "phased", "default_plain_launch", *PLANS]  # plain launch: the default plan, not cooperative
     rows: dict[str, dict] = {}
     reference = torch.full((1, H), float("nan"), device="cuda", dtype=torch.bfloat16)
     run_form("three", xs[0], layers[0], reference)

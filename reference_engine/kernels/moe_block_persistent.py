@@ -21,7 +21,9 @@ both barriers), so the next launch starts from zero. The intermediate values cro
 
 Residency: a program that spins waits for every other program to arrive, so all G must be resident together. The wrapper
 compiles first and checks registers, shared memory and warps against one multiprocessor's limits for
-`PROGRAMS_PER_SM` (ValueError otherwise). The Triton interpreter runs programs one after another, so there (and with
+`PROGRAMS_PER_SM` (ValueError otherwise), and with `COOPERATIVE` (the default) launches the grid as a cooperative one
+(Triton's `launch_cooperative_grid`, a CUDA launch attribute that graph capture keeps), so the driver schedules all G
+together or refuses the launch instead of leaving some programs waiting for others to finish. The Triton interpreter runs programs one after another, so there (and with
 `PHASED`) the same kernel runs as three launches, one phase each, with no barrier; under the interpreter the
 activation goes through a float32 buffer that torch rounds between the launches (`launch.staging_buffer`'s reason).
 
@@ -80,6 +82,7 @@ class PersistentPlan:
 
 PLAN = PersistentPlan()
 PHASED = False  # three launches, one phase each, no barrier (the interpreter always; on a GPU for tests)
+COOPERATIVE = True  # launch PHASE 0 as a cooperative grid: the driver refuses a grid that cannot be resident at once
 _SM_COUNT_CPU = 4  # programs under the interpreter: several, so that the round-robin dealing is exercised
 _SYNC: dict[torch.device, torch.Tensor] = {}
 _RESIDENT: dict[tuple, int] = {}  # (device, compiled configuration) -> programs per multiprocessor that fit
@@ -261,7 +264,8 @@ class PreparedBlock:
     def run_all(self) -> None:
         """The three phases in one launch with grid barriers (CUDA; every program resident, checked first)."""
         _check_resident(self.device, self.plan, self.constants, self.args, self.programs)
-        _moe_block_persistent_kernel[(self.programs,)](*self.args, PHASE=0, PROGRAMS=self.programs, **self.constants)
+        _moe_block_persistent_kernel[(self.programs,)](*self.args, PHASE=0, PROGRAMS=self.programs, launch_cooperative_grid=COOPERATIVE,
+                                                       **self.constants)  # fmt: skip
 
     def finish(self) -> None:
         target = self.args[self.TARGET]
@@ -323,10 +327,10 @@ def prepare(
 def _check_resident(device: torch.device, p: PersistentPlan, constants: dict, args: tuple, programs: int) -> None:
     """ValueError unless `p.programs_per_sm` programs of this configuration fit one multiprocessor together (a program
     spinning at a barrier waits for every other one; one that never becomes resident would hang the GPU)."""
-    key = (device, p, tuple(sorted(constants.items())), tuple(a.dtype for a in args))
+    key = (device, p, COOPERATIVE, tuple(sorted(constants.items())), tuple(a.dtype for a in args))
     fit = _RESIDENT.get(key)
     if fit is None:
-        compiled = _moe_block_persistent_kernel.warmup(*args, PHASE=0, PROGRAMS=programs, grid=(1,), **constants)
+        compiled = _moe_block_persistent_kernel.warmup(*args, PHASE=0, PROGRAMS=programs, grid=(1,), launch_cooperative_grid=COOPERATIVE, **constants)
         compiled._init_handles()  # loads the binary: the register count is known from then on
         fit = programs_that_fit(compiled.n_regs, compiled.metadata.shared, compiled.metadata.num_warps, torch.cuda.get_device_properties(device))
         _RESIDENT[key] = fit

@@ -180,14 +180,15 @@ def test_residency_counts_the_tightest_resource():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("programs_per_sm", [1, 2])
-def test_one_launch_with_barriers_equals_the_phases_and_three_launches_on_cuda(programs_per_sm, monkeypatch):
+@pytest.mark.parametrize(("programs_per_sm", "cooperative"), [(1, True), (2, True), (1, False)])
+def test_one_launch_with_barriers_equals_the_phases_and_three_launches_on_cuda(programs_per_sm, cooperative, monkeypatch):
     from reference_engine.kernels import moe_block_persistent as mbp
     from reference_engine.kernels import moe_decode, router, tuning
     from reference_engine.ops.static_moe import SharedNvfp4Expert
     from reference_engine.quant.nvfp4 import quantize_nvfp4
 
     tuning.apply_for_cuda()
+    monkeypatch.setattr(mbp, "COOPERATIVE", cooperative)
     torch.manual_seed(programs_per_sm)
     E, H, I, K = 256, 2048, 512, 8
 
