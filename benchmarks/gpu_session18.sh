@@ -21,8 +21,10 @@ if [ "$TESTS_RC" != 0 ]; then grep -E "^E |error|Timeout" "$OUT/$NAME-pytest.log
   if grep -q "test_one_launch_with_barriers.*PASSED\|passed" "$OUT/$NAME-pytest.log" && ! grep -q "FAILED.*test_moe_block_persistent" "$OUT/$NAME-pytest.log"; then
     timeout 270 python3 benchmarks/kernels/time_moe_persistent.py "$OUT/$NAME-moe-persistent.json" --tuning "$TUNING" --model full; echo "moe persistent rc=$?"
   else echo "moe persistent skipped: its CUDA test did not pass"; fi
-  timeout 60 python3 benchmarks/kernels/time_norm_rows.py "$OUT/$NAME-norm-rows.json" --tuning "$TUNING"; echo "norm rows rc=$?"
-  timeout 80 python3 benchmarks/kernels/time_moe_expert_prefetch.py "$OUT/$NAME-expert-prefetch.json" --tuning "$TUNING"; echo "expert prefetch rc=$?"
+  if [ "${ONLY_PERSISTENT:-0}" != 1 ]; then  # ONLY_PERSISTENT=1: a short call, the persistent block alone
+    timeout 60 python3 benchmarks/kernels/time_norm_rows.py "$OUT/$NAME-norm-rows.json" --tuning "$TUNING"; echo "norm rows rc=$?"
+    timeout 80 python3 benchmarks/kernels/time_moe_expert_prefetch.py "$OUT/$NAME-expert-prefetch.json" --tuning "$TUNING"; echo "expert prefetch rc=$?"
+  fi
 } > "$LOG" 2>&1
 grep -E "rc=|tuning:|refused|skipped|^model |us/block|^[0-9]+ \{" "$LOG" | cut -c1-260
 cp "$TUNING" "$OUT/$NAME-tuning.json"
