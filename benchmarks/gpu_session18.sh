@@ -31,6 +31,4 @@ cp "$TUNING" "$OUT/$NAME-tuning.json"
 (cd "$OUT" && tar -czf "$NAME-kernels.tgz" "$NAME"-*.json 2>/dev/null && rm -f "$NAME"-*.json)  # one file: 8 come back at most
 fi
 [ "$PHASE" = kernels ] && exit 0
-timeout "${BENCH_S:-330}" python3 -m toolbox.cli engine bench --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" > "$OUT/$NAME-bench.log" 2>&1
-echo "bench rc=$? (1: gate failed, 124: out of time)"; grep -v "^\s*$" "$OUT/$NAME-bench.log" | tail -n 3 | cut -c1-300
-[ -f "$OUT/$NAME.md" ] && grep -E "^\| (TTFT|TPOT|output)|accuracy gate|Total over|Peer vs|GPU time of the graph" "$OUT/$NAME.md" | cut -c1-250
+OUT="$OUT" NAME="$NAME" COMMIT="$COMMIT" PHASE=bench bash benchmarks/gpu_session16.sh  # its bench phase: the full bench with the peer
