@@ -7,7 +7,8 @@ host while the peer is built and timed, then brings them back for the profiles.
 The move works storage by storage: every tensor reachable from the model (dataclass fields, the plain
 attributes a block sets after construction, tuples, lists and dicts of them) is grouped by the storage it
 views; each storage is copied once to the target device and every tensor of its group is re-pointed at
-the copy with `Tensor.set_`, keeping its offset, shape and strides. So views stay views (the stacked
+the copy (a view with its offset, shape and strides built there with `Tensor.set_`, swapped in through
+`Tensor.data`, which unlike `set_` may change a tensor's device). So views stay views (the stacked
 linears and their parts share one copy, as before) and every object keeps its identity: nothing that holds
 a weight has to be rebuilt. Anything that recorded raw device addresses of the weights (a captured CUDA
 graph, a prefetch table) is stale afterwards: the bench moves the weights only once its engine is gone.
@@ -63,20 +64,18 @@ def move_weights(root: object, device: torch.device | str) -> MoveReport:
         storage = tensor.untyped_storage()
         groups.setdefault((str(tensor.device), storage.data_ptr()), []).append(tensor)
     copied = 0
-    with (
-        torch.inference_mode()
-    ):  # the weights may be inference tensors; set_ on them is allowed only here
+    with torch.inference_mode():  # the weights may be inference tensors; re-pointing them is allowed only here
         for tensors in groups.values():
             source = tensors[0].untyped_storage()
-            whole = torch.empty(0, dtype=torch.uint8, device=tensors[0].device).set_(
-                source
-            )  # [nbytes] uint8
+            whole = torch.empty(0, dtype=torch.uint8, device=tensors[0].device).set_(source)  # [nbytes] uint8
             target = whole.to(device, copy=True).untyped_storage()
             copied += source.nbytes()
             for tensor in tensors:
-                tensor.set_(
-                    target, tensor.storage_offset(), tensor.size(), tensor.stride()
-                )
+                # `set_` refuses a storage on another device (torch 2.11 and later); build the same view on the
+                # target device and swap it in through `.data`, as `Module.to` moves its parameters.
+                moved = torch.empty(0, dtype=tensor.dtype, device=device)
+                moved.set_(target, tensor.storage_offset(), tensor.size(), tensor.stride())
+                tensor.data = moved
             del whole, source, target
     if device.type == "cuda":
         torch.cuda.synchronize(device)
