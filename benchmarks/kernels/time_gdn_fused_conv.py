@@ -7,7 +7,9 @@ Per batch: both forms run once from the same pools and must give the same conv s
 recurrent states and outputs to rounding (float32 and one bf16 step; on the GPU the compiler may contract the fused
 kernel's state update differently, run58), else the script exits 1; then each is timed in a CUDA graph over pool copies that together
 exceed the L2 (`time_decode_pieces.gdn_step_setup`). With --tuning, `gdn_step_fused_conv` is written: 1 when the fused
-form is faster summed over the batches by more than 2% and slower at none by more than 2%, else 0. No speed is asserted.
+form is faster summed over the batches by more than 2% and slower at none by more than 2%, else 0; and
+`gdn_step_fused_conv_max_batch`: the largest timed batch up to which the fused form is more than 2% faster at every
+timed batch (0 when it is not at batch 1). No speed is asserted.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def one_batch(batch: int) -> dict:
     call, pools, out, copies = gdn_step_setup(batch)
     conv0, rec0 = pools[0][0].clone(), pools[0][1].clone()
     results, record = {}, {}
+    gdn_decode_step.FUSED_CONV_MAX_BATCH = 0  # the tuning file's choice must not decide the two-launch side
     for fused in (False, True):
         gdn_decode_step.FUSED_CONV = fused
         pools[0][0].copy_(conv0)
@@ -64,7 +67,23 @@ def main() -> int:
         records[f"batch_{batch}"] = one_batch(batch)
         print(batch, json.dumps(records[f"batch_{batch}"]), flush=True)
     rows = [records[f"batch_{b}"] for b in BATCHES]
-    return tuning.finish_switch_timing(args.out, records, rows, "close", "fused_us", "two_launches_us", "gdn_step_fused_conv", args.tuning, MARGIN)
+    records["fused_conv_max_batch"] = max_batch_faster(records)
+    status = tuning.finish_switch_timing(args.out, records, rows, "close", "fused_us", "two_launches_us", "gdn_step_fused_conv", args.tuning, MARGIN)
+    if status == 0 and args.tuning is not None:
+        tuning.write_setting(args.tuning, "gdn_step_fused_conv_max_batch", records["fused_conv_max_batch"])
+        print(f"tuning: gdn_step_fused_conv_max_batch = {records['fused_conv_max_batch']}")
+    return status
+
+
+def max_batch_faster(records: dict, margin: float = MARGIN) -> int:
+    """The largest timed batch up to which the fused form beats two launches by more than `margin` at every timed batch."""
+    best = 0
+    for batch in BATCHES:
+        row = records[f"batch_{batch}"]
+        if row["fused_us"] >= (1.0 - margin) * row["two_launches_us"]:
+            break
+        best = batch
+    return best
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ there are only Hv = 32 programs, so per-program memory parallelism decides the t
 (the state columns are independent); each stores its o part in a float32 scratch and takes a ticket, and
 the program drawing the last ticket applies the gated norm over the whole head and resets the counter.
 
-Fused conv (`FUSED_CONV`, off until timed): launch 2 does the conv itself and launch 1 is not made. A program reads
+Fused conv (`FUSED_CONV` at every batch, `FUSED_CONV_MAX_BATCH` up to a batch): launch 2 does the conv itself and launch 1 is not made. A program reads
 the windows of the channels it needs (q and k of its key head, v of its value columns) and computes the same float32
 silu(conv) in registers. Its v channels belong to it alone, so it stores their shifted window directly. The q/k channels
 of a key head are read by SHARERS = (Hv / Hk) * split programs of the row, so none may shift them before all have read:
@@ -65,8 +65,11 @@ STEP_WARPS = 8  # a 128 x 128 float32 state tile: 64 registers per thread for th
 # Few programs (batch 1: Hv = 32) leave most multiprocessors idle: below STEP_SPLIT_BELOW (row, head) pairs each
 # head's value columns are split over STEP_SPLIT programs, and the last one of a head applies the gated norm.
 STEP_SPLIT, STEP_SPLIT_BELOW, SPLIT_WARPS = 4, 128, 4
-# One launch instead of two (module docstring, "Fused conv"): off until timed on the GPU (tuning key `gdn_step_fused_conv`).
+# One launch instead of two (module docstring, "Fused conv"): `FUSED_CONV` at every batch (tuning key `gdn_step_fused_conv`),
+# `FUSED_CONV_MAX_BATCH` up to that batch (key `gdn_step_fused_conv_max_batch`; run58 on an H100: batch 1 8.22 -> 7.55 us,
+# batches 8 to 64 2 to 3% slower, `benchmarks/kernels/results/2026-12-05-h100-run58-gdn-fused-conv.json`).
 FUSED_CONV = False
+FUSED_CONV_MAX_BATCH = 0
 QK_WRITER = -1  # which ticket stores the shared q/k conv state: -1 the last (correct); tests set 0 to show a wrong writer is caught
 
 
@@ -221,7 +224,8 @@ def gdn_decode_step(
     out: torch.Tensor,  # [B, Hv * Dv] model dtype
     eps: float,
 ) -> None:
-    """One Gated DeltaNet decode token per sequence (see the module docstring); two launches (one with `FUSED_CONV`), capturable."""
+    """One Gated DeltaNet decode token per sequence (see the module docstring); two launches (one with `FUSED_CONV`, or up to
+    `FUSED_CONV_MAX_BATCH` sequences), capturable."""
     dims = check_gdn_decode_step(
         mixed_qkv, z, b, a, conv_weight, A_log, dt_bias, norm_weight, conv_state, recurrent_state, state_slots, has_initial_state, out, eps
     )
@@ -236,14 +240,15 @@ def gdn_decode_step(
     buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16), else `out`
     split = STEP_SPLIT if dims.batch * dims.num_v_heads < STEP_SPLIT_BELOW else 1
     pairs = dims.batch * dims.num_v_heads
-    qk_groups = dims.batch * dims.num_k_heads if FUSED_CONV else 0  # the fused conv's tickets, after the split's
-    counters = ticket_counters(mixed_qkv.device, (pairs if split > 1 else 0) + qk_groups) if split > 1 or FUSED_CONV else slots
+    fused_conv = FUSED_CONV or dims.batch <= FUSED_CONV_MAX_BATCH
+    qk_groups = dims.batch * dims.num_k_heads if fused_conv else 0  # the fused conv's tickets, after the split's
+    counters = ticket_counters(mixed_qkv.device, (pairs if split > 1 else 0) + qk_groups) if split > 1 or fused_conv else slots
     o_parts = buffer  # unused without the split
     if split > 1:
         o_parts = torch.empty(pairs * dims.v_head_dim, dtype=torch.float32, device=mixed_qkv.device)
     fused = {}  # the fused conv's arguments
     conv_out = mixed_qkv  # unused with the fused conv
-    if FUSED_CONV:
+    if fused_conv:
         fused = {
             "x_ptr": mixed_qkv, "conv_w_ptr": conv_weight, "conv_state_ptr": conv_state, "conv_counter_ptr": counters[pairs if split > 1 else 0 :],
             "stride_xb": mixed_qkv.stride(0), "stride_xc": mixed_qkv.stride(1),

@@ -24,6 +24,7 @@ import pytest
 import torch
 from kernel_interpreter import REPO, run_script
 
+import reference_engine.kernels.gdn_decode_step as step_module_for_choice
 from reference_engine.ops.linear_attention import check_gdn_decode_step, gdn_decode_step
 
 CASES = {
@@ -322,6 +323,31 @@ def test_bad_arguments_raise_value_error(change, message):
         check_gdn_decode_step(**arguments)
     with pytest.raises(ValueError, match=message):
         gdn_decode_step(**arguments)
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: records each launch's keyword arguments instead of running it."""
+
+    def __init__(self, calls: list, name: str):
+        self.calls, self.name = calls, name
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.name, kwargs))
+
+
+@pytest.mark.parametrize(("max_batch", "batch", "one_launch"), [(1, 1, True), (1, 2, False), (0, 1, False), (4, 3, True), (4, 5, False)])
+def test_the_fused_conv_is_chosen_up_to_its_batch(monkeypatch, max_batch, batch, one_launch):
+    """FUSED_CONV_MAX_BATCH: one launch (the conv inside the recurrent kernel) up to that many sequences, two above."""
+    calls: list = []
+    monkeypatch.setattr(step_module_for_choice, "require_launchable", lambda *tensors: None)
+    monkeypatch.setattr(step_module_for_choice, "_conv_update_kernel", _Recorder(calls, "conv"))
+    monkeypatch.setattr(step_module_for_choice, "_recurrent_norm_kernel", _Recorder(calls, "recurrent"))
+    monkeypatch.setattr(step_module_for_choice, "FUSED_CONV", False)
+    monkeypatch.setattr(step_module_for_choice, "FUSED_CONV_MAX_BATCH", max_batch)
+    step_module_for_choice.gdn_decode_step(**_arguments(batch))
+    names = [name for name, _ in calls]
+    assert names == (["recurrent"] if one_launch else ["conv", "recurrent"])
+    assert calls[-1][1].get("FUSED_CONV", False) is one_launch
 
 
 # ------------------------------------------------------------------------------------ model level

@@ -57,7 +57,7 @@ settings = {"device": "test", "nvfp4_gemv": [{"tokens": 1, "rows": 48, "k_bytes"
             "moe_decode": {"LOOP": 3, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 32, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 16, "WORDS": 1, "DOWN_SPLIT": 2},
             "moe_decode_batch_one": {"LOOP": 0, "GATE_UP_BLOCK_N": 16, "GATE_UP_BLOCK_K": 16, "DOWN_BLOCK_H": 16, "DOWN_BLOCK_I": 16, "WORDS": 2, "DOWN_SPLIT": 3},
             "gdn_step_split": 8, "dequant_min_tokens": 128, "paged_min_tokens_per_split": 16, "paged_waves": 8,
-            "gemm_prefetch_linear": 1, "gemm_prefetch_moe": 1, "gemm_swap_linear": 1, "gemm_swap_moe": 1, "gdn_prefill_scan_stages": 2, "gdn_prefill_prepare_warps": 4, "gemm_decode_moe": 2, "moe_prefill_fused_gate_up": 1, "moe_prefill_block_m_max": 32, "moe_prefill_gate_up_block_n": 128, "dequant_cache": True, "norm_row_elements": 2048,
+            "gemm_prefetch_linear": 1, "gemm_prefetch_moe": 1, "gemm_swap_linear": 1, "gemm_swap_moe": 1, "gdn_prefill_scan_stages": 2, "gdn_prefill_prepare_warps": 4, "gemm_decode_moe": 2, "moe_prefill_fused_gate_up": 1, "moe_prefill_block_m_max": 32, "moe_prefill_gate_up_block_n": 128, "dequant_cache": True, "norm_row_elements": 2048, "gdn_step_fused_conv_max_batch": 2,
             "gemv_words": 1, "gemm_min_tokens": 16, "gemm_decode": 1, "small_m_gemm": [{"block_m": 16, "rows": 48, "k": 256, "config": [16, 4, 2]}],
             "moe_grouped_decode": {"min_tokens": 4, "gate_up_block_n": 16, "down_block_n": 16, "num_stages": 2}}
 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
@@ -67,7 +67,7 @@ assert nvfp4_gemv.TUNED[(1, 48, 128)] == (1, 8, 64, 2, 4, 1, 1) and moe_decode.L
 assert moe_decode.WORDS == 1 and nvfp4_gemv.WORDS == 1 and nvfp4_gemv.GEMM_MIN_TOKENS == 16
 assert moe_decode._settings(1) == (0, 16, 16, 16, 16, 2, 3) and moe_decode._settings(3) == (3, 8, 32, 8, 16, 1, 2)
 from reference_engine.kernels import gdn_decode_step
-assert gdn_decode_step.STEP_SPLIT == 8
+assert gdn_decode_step.STEP_SPLIT == 8 and gdn_decode_step.FUSED_CONV_MAX_BATCH == 2 and not gdn_decode_step.FUSED_CONV
 from reference_engine.kernels import norms
 assert norms.ROW_ELEMENTS == 2048 and norms.rows_per_program(128) == 16
 from reference_engine.kernels import nvfp4_dequant, paged_decode
