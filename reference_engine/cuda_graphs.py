@@ -33,6 +33,7 @@ DECODE_MODES = ("eager", "static", "graphs")
 class StaticDecodeBatch(ForwardBatch):
     ops: Any = None  # ops.backend.OpSet: the capturable decode ops (torch static variants or Triton kernels) the model calls
     prefetch: Any = None  # kernels.l2_prefetch.LayerPrefetch or None: the next layer's weights warmed in L2 on a side stream
+    side: Any = None  # kernels.side_stream.SideStream or None: the GDN b/a projection beside q/k/v/z at small batches
 
 
 def bucket_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -115,6 +116,11 @@ class StaticDecoder:
             from reference_engine.kernels import l2_prefetch
 
             self.prefetch = l2_prefetch.for_model(model)
+        self.side = None  # kernels.side_stream.SideStream: likewise, where the tuning turns it on
+        if device.type == "cuda" and "triton" in getattr(ops, "backends", {}).values():
+            from reference_engine.kernels import side_stream
+
+            self.side = side_stream.for_device(device)
         self.buckets = bucket_sizes(max_num_seqs)
         self.max_blocks_per_seq = max_blocks_per_seq
         rows = max_num_seqs
@@ -176,6 +182,7 @@ class StaticDecoder:
             is_decode=True,
             ops=self.ops,
             prefetch=self.prefetch,
+            side=self.side,
         )
 
     def fill(self, plan: SchedulerOutput) -> int:

@@ -32,10 +32,14 @@ REPLAYS = 200
 MARGIN = 0.02  # a setting replaces "off" in the tuning file only when faster by more than this fraction
 
 
-def one_setting(model, tokenizer, point: str | None, prompt: list[int]) -> dict:
+def one_setting(model, tokenizer, point: str | None, prompt: list[int], configure=None) -> dict:
+    """(record, last logits) of one engine run with the prefetch at `point`; `configure(decoder)`, when given, adjusts the
+    runner's StaticDecoder further before the first capture (after the engine installed the card's tuning file)."""
     bench = EngineBench(model, tokenizer, "graphs", prompt_tokens=len(prompt), batch_prompt_tokens=len(prompt), output_tokens=OUTPUT, max_batch=1)
     decoder = bench.recorder.runner.decoder  # the ModelRunner's StaticDecoder (the recorder wraps the runner)
     decoder.prefetch = l2_prefetch.for_model(model, point or "off")  # before the first capture; whatever the tuning file says
+    if configure is not None:
+        configure(decoder)
     figures = bench.tpot(prompt)
     logits = bench.recorder.runner.last_logits[-1].detach().float().cpu()
     replay = bench.graph_replay_seconds(1, replays=REPLAYS)

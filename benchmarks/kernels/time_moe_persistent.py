@@ -135,10 +135,13 @@ def model_timing(best: str, rounds: int) -> dict:
     logits = {}
     for _ in range(rounds):
         for setting in ("off", "on"):
-            moe_decode.PERSISTENT = setting == "on"
-            moe_block_persistent.PLAN = PLANS[best]
+
+            def configure(decoder, on=setting == "on") -> None:  # after the engine installed the tuning file, which has the key
+                moe_decode.PERSISTENT = on
+                moe_block_persistent.PLAN = PLANS[best]
+
             try:
-                record, logits[setting] = one_setting(model, tokenizer, None, prompt)
+                record, logits[setting] = one_setting(model, tokenizer, None, prompt, configure)
             finally:
                 reset()
             samples[setting].append(record["graph_replay_us"])

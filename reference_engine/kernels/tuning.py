@@ -14,7 +14,8 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
 GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1). The MoE
 settings' `DOWN_SPLIT` is the programs a token's down slots are dealt over; `gdn_step_split` the programs per split GDN
 decode head, `gdn_step_fused_conv` 1 the step in one launch (the conv inside the recurrent kernel;
-`benchmarks/kernels/time_gdn_fused_conv.py`) at every batch, `gdn_step_fused_conv_max_batch` up to that batch. `gemv_words` sets the word reads
+`benchmarks/kernels/time_gdn_fused_conv.py`) at every batch, `gdn_step_fused_conv_max_batch` up to that batch.
+`gdn_ba_side_max_batch` runs the GDN b/a projection on a side stream up to that decode batch (`kernels/side_stream.py`). `gemv_words` sets the word reads
 for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
@@ -156,6 +157,7 @@ class TuningFile(BaseModel):
     gdn_step_split: int | None = Field(default=None, ge=2, le=32)  # programs per split head
     gdn_step_fused_conv: int | None = Field(default=None, ge=0, le=1)  # GDN decode step: the conv inside the recurrent launch
     gdn_step_fused_conv_max_batch: int | None = Field(default=None, ge=0)  # ... up to this batch (0: never)
+    gdn_ba_side_max_batch: int | None = Field(default=None, ge=0)  # GDN b/a projection on a side stream up to this batch (0: never)
     fused_router_max_tokens: int | None = Field(default=None, ge=0)  # router logits + top-k in one launch up to this batch (0: never)
     dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
     router_rows: Literal[1, 2, 4, 8] | None = None  # fused router: logits rows per program
@@ -208,6 +210,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
         nvfp4_gemv,
         paged_decode,
         router,
+        side_stream,
     )
 
     path = Path(path)
@@ -222,6 +225,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
     for value, module, name in ((tuning.gdn_step_split_below, gdn_decode_step, "STEP_SPLIT_BELOW"), (tuning.gdn_step_split, gdn_decode_step, "STEP_SPLIT"),
                                 (None if tuning.gdn_step_fused_conv is None else bool(tuning.gdn_step_fused_conv), gdn_decode_step, "FUSED_CONV"),
                                 (tuning.gdn_step_fused_conv_max_batch, gdn_decode_step, "FUSED_CONV_MAX_BATCH"),
+                                (tuning.gdn_ba_side_max_batch, side_stream, "BA_MAX_BATCH"),
                                 (tuning.fused_router_max_tokens, router, "FUSED_ROUTER_MAX_TOKENS"),
                                 (tuning.dense_gemv_max_tokens, dense_gemv, "MAX_TOKENS"), (tuning.router_rows, router, "ROUTER_ROWS"),
                                 (tuning.router_warps, router, "ROUTER_WARPS"),

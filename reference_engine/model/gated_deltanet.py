@@ -62,8 +62,14 @@ class GatedDeltaNet:
     in_proj_qkvz: StackedLinear | None = None  # in_proj_qkv + in_proj_z stacked (their Linears are views): one GEMV / GEMM
     in_proj_ba: StackedLinear | None = None  # in_proj_b + in_proj_a stacked likewise
 
-    def _projections(self, x: torch.Tensor, ops) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """mixed [T, C], z [T, Hv*Dv], b [T, Hv], a [T, Hv]: from the stacks where built (strided views), else one by one."""
+    def _projections(self, x: torch.Tensor, ops, side=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """mixed [T, C], z [T, Hv*Dv], b [T, Hv], a [T, Hv]: from the stacks where built (strided views), else one by one.
+
+        With `side` (a `kernels.side_stream.SideStream`, static decode) and both stacks built, the b/a launch runs on the
+        side stream beside the q/k/v/z launch."""
+        if side is not None and self.in_proj_qkvz is not None and self.in_proj_ba is not None:
+            (mixed, z_flat), (b, a) = side.branches(lambda: self.in_proj_qkvz(x, ops), lambda: self.in_proj_ba(x, ops))
+            return mixed, z_flat, b, a
         if self.in_proj_qkvz is not None:
             mixed, z_flat = self.in_proj_qkvz(x, ops)
         else:
@@ -87,7 +93,12 @@ class GatedDeltaNet:
         num_tokens = x.shape[0]
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
         if ops is not None and batch.is_decode:  # static decode (T = B): one fused op, both states updated in place at the slots
-            mixed, z_flat, b, a = self._projections(x, ops)  # [T, C], [T, Hv*Dv], [T, Hv], [T, Hv] (views)
+            side = getattr(batch, "side", None)
+            if side is not None:
+                from reference_engine.kernels import side_stream
+
+                side = side if side_stream.ba_on_side(side, num_tokens) else None
+            mixed, z_flat, b, a = self._projections(x, ops, side)  # [T, C], [T, Hv*Dv], [T, Hv], [T, Hv] (views)
             core = torch.empty_like(z_flat, memory_format=torch.contiguous_format)  # [B, Hv * Dv]
             ops.gdn_decode_step(
                 mixed, z_flat, b, a, self.conv_weight, self.A_log, self.dt_bias,

@@ -13,9 +13,8 @@ import json
 
 import pytest
 import torch
+from static_decode import decode_logits
 
-from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine
 from reference_engine.kernels import l2_prefetch, tuning
 from reference_engine.kernels.l2_prefetch import (
     ALIGN,
@@ -25,8 +24,6 @@ from reference_engine.kernels.l2_prefetch import (
 )
 from reference_engine.model.experts import RoutedExperts
 from reference_engine.presets import build_preset
-from reference_engine.sampling_params import SamplingParams
-from reference_engine.tokenizer import load_tokenizer
 
 
 def _granules(spans) -> set[int]:
@@ -133,19 +130,7 @@ class _Recorder:
 def _decode(model, prefetch, device: str = "cpu", mode: str = "static") -> tuple[list[torch.Tensor], object]:
     """Greedy decode of two prompts with `prefetch` set on the runner's static decoder: each step's logits (CPU) and the
     engine. `prefetch` is an object or a callable of the model that makes one."""
-    dtype = "float32" if model.dtype == torch.float32 else "bfloat16"
-    config = EngineConfig(device=device, dtype=dtype, max_num_seqs=2, max_model_len=48, num_blocks=16)
-    engine = LLMEngine(model, load_tokenizer("tiny"), config, decode_mode=mode)
-    engine.runner.decoder.prefetch = prefetch(model) if callable(prefetch) else prefetch
-    generator = torch.Generator().manual_seed(5)
-    for index in range(2):
-        prompt = torch.randint(1, model.config.vocab_size, (7 + 3 * index,), generator=generator).tolist()
-        engine.add_request(str(index), prompt_token_ids=prompt, params=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
-    logits = []
-    while engine.has_unfinished():
-        engine.step()
-        logits.append(engine.runner.last_logits.detach().float().cpu().clone())
-    return logits, engine
+    return decode_logits(model, lambda decoder: setattr(decoder, "prefetch", prefetch(model) if callable(prefetch) else prefetch), device, mode)
 
 
 def test_static_decode_calls_each_layer_at_both_points_and_joins_once_per_step(tiny_nvfp4) -> None:
