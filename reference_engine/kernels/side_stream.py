@@ -21,8 +21,8 @@ runs the router and the routed gate/up on the decode stream, joins, and the rout
 last: the same float32 operations in the same order as the fused shared slot, so the same bits.
 
 `BA_MAX_BATCH` (tuning key `gdn_ba_side_max_batch`) was 0, off, until `benchmarks/kernels/time_side_stream.py` measured
-the batch-1 graph with and without it (run61, H100: -2.2%, taken); `MOE_SHARED_MAX_BATCH` is 0 until that script times it
-(`--switch moe_shared`). Off CUDA there is no side stream: `for_device` returns None.
+the batch-1 graph with and without it (run61, H100: -2.2%, taken). `MOE_SHARED_MAX_BATCH` measured slower with `--switch moe_shared` (run62, H100:
++8.5% on the batch-1 graph, logits bit-equal) and stays 0. Off CUDA there is no side stream: `for_device` returns None.
 """
 
 from __future__ import annotations
