@@ -2,6 +2,7 @@
 # The nineteenth session's third GPU call: CUDA tests of the two side-stream branches (graph decode of the tiny model) and of
 # the MoE decode kernels, the shared expert's side-stream timing on the full model (writes `moe_shared_side_max_batch` into
 # this copy's tuning file), then a short bench without the peer (batches 1 and 32) on that tuning.
+# It ran once, as run62 at commit ece7445; the shared expert's side stream (and `--switch`) were removed after it measured slower.
 # Usage: NAME=run62 COMMIT=<sha> bash benchmarks/gpu_session19b.sh   (about 330 s on an H100; the timeouts are caps)
 set -u
 OUT="${OUT:-/tmp/session19b-out}"; NAME="${NAME:-session19b}"; COMMIT="${COMMIT:-unknown}"

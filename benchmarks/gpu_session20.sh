@@ -17,7 +17,7 @@ if [ "$PHASE" = bench ]; then
 fi
 timeout "${TEST_S:-90}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/kernels/test_side_stream.py > "$OUT/$NAME-pytest.log" 2>&1
 echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$OUT/$NAME-pytest.log" | tail -n 3
-timeout "${SIDE_S:-420}" python3 benchmarks/kernels/time_side_stream.py "$OUT/$NAME-side-stream-batches.json" --switch ba --batches 1,8,32 --rounds 2 \
+timeout "${SIDE_S:-420}" python3 benchmarks/kernels/time_side_stream.py "$OUT/$NAME-side-stream-batches.json" --batches 1,8,32 --rounds 2 \
     --tuning "$TUNING" > "$OUT/$NAME-side-stream-batches.log" 2>&1
 echo "side stream rc=$?"; grep -E "tuning:|Error|changed" "$OUT/$NAME-side-stream-batches.log" | tail -n 3 | cut -c1-400
 cp "$TUNING" "$OUT/$NAME-tuning.json"

@@ -112,14 +112,11 @@ class StaticDecoder:
         self.ops = ops  # ops.backend.OpSet
         self.device = device
         self.prefetch = None  # kernels.l2_prefetch.LayerPrefetch: set where the Triton ops run on CUDA and the tuning turns it on
+        self.side = None  # kernels.side_stream.SideStream: likewise
         if device.type == "cuda" and "triton" in getattr(ops, "backends", {}).values():
-            from reference_engine.kernels import l2_prefetch
+            from reference_engine.kernels import l2_prefetch, side_stream
 
             self.prefetch = l2_prefetch.for_model(model)
-        self.side = None  # kernels.side_stream.SideStream: likewise, where the tuning turns it on
-        if device.type == "cuda" and "triton" in getattr(ops, "backends", {}).values():
-            from reference_engine.kernels import side_stream
-
             self.side = side_stream.for_device(device)
         self.buckets = bucket_sizes(max_num_seqs)
         self.max_blocks_per_seq = max_blocks_per_seq

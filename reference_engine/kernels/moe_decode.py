@@ -32,8 +32,6 @@ grouped by expert in packed float16 on CUDA cores.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import triton
 import triton.language as tl
@@ -165,17 +163,12 @@ def _gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
-    ROUTE_SLOTS: tl.constexpr = 0,
 ):
-    """Grid (T * SLOTS, cdiv(I, BLOCK_N)). `ROUTE_SLOTS` > 0: the routing rows hold that many entries per token (the
-    routed slots first), more than the SLOTS computed here (the shared slot runs in its own launch)."""
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K  # slots per token; with SHARED the last one is the shared expert
     pair = tl.program_id(0)  # t * SLOTS + j
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # gate rows; up rows are I + rows
     row_ok = rows < I
     token = pair // SLOTS
-    if ROUTE_SLOTS > 0:  # ids_ptr + pair then reads entry token * ROUTE_SLOTS + j
-        ids_ptr += token * (ROUTE_SLOTS - SLOTS)
     if DECODE >= 3:  # x is read as int32 (two bfloat16 each)
         x_row = x_ptr + token.to(tl.int64) * (H // 2)
     else:
@@ -231,17 +224,10 @@ def _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_sc
         act_row = act_ptr + pair.to(tl.int64) * (I // 2)
     else:
         act_row = act_ptr + pair.to(tl.int64) * I
-    return tl.load(weights_ptr + pair) * _shared_down_unweighted(act_row, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, rows, row_ok, I, BLOCK_H, BLOCK_I, DECODE)
-
-
-@triton.jit
-def _shared_down_unweighted(act_row, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, rows, row_ok, I: tl.constexpr, BLOCK_H: tl.constexpr,
-                            BLOCK_I: tl.constexpr, DECODE: tl.constexpr):
-    """shared down rows @ act [BH] float32, times the tensor scale (the shared slot's sum before its gate weight)."""
     partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for byte0 in range(0, I // 2, BLOCK_I):
         partial += _nvfp4_rows_dot(shared_w_ptr, shared_scale_ptr, rows.to(tl.int64), row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I, DECODE)
-    return partial * (tl.load(shared_scale_2_ptr) * 16384.0)
+    return tl.load(weights_ptr + pair) * (partial * (tl.load(shared_scale_2_ptr) * 16384.0))
 
 
 @triton.jit
@@ -250,26 +236,17 @@ def _down_kernel(
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
     shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
     SPLIT: tl.constexpr = 1, workspace_ptr=None, counter_ptr=None,
-    ROUTE_SLOTS: tl.constexpr = 0, SHARED_WEIGHTED: tl.constexpr = True, shared_in_ptr=None, SHARED_IN: tl.constexpr = False,
 ):
     """Grid (T, cdiv(H, BLOCK_H)[, SPLIT]). With SPLIT > 1 the token's slots are dealt over SPLIT programs (slot j
     to part j % SPLIT, the shared slot counting as slot TOP_K); each stores its float32 sum over its slots, in slot
     order, in `workspace [SPLIT, T, H]` and takes a ticket from `counter_ptr [T * cdiv(H, BLOCK_H)]` (zero between
     calls); the program drawing the last ticket adds the parts in part order, writes `out` and resets the counter.
-    The sum's order is fixed, so the result does not depend on which program finishes last.
-
-    The shared expert in a launch of its own (`moe_decode.SHARED_SIDE`, without SPLIT): TOP_K 0 with SHARED and
-    SHARED_WEIGHTED False stores its sum before the gate weight in float32; the routed launch then has SHARED False,
-    `ROUTE_SLOTS` = TOP_K + 1 (the routing rows' width) and SHARED_IN: it adds weight * that sum last, the same float32
-    operations in the same order as the shared slot computed here."""
+    The sum's order is fixed, so the result does not depend on which program finishes last."""
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K
     token = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     row_ok = rows < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    if ROUTE_SLOTS > 0:  # ids_ptr + pair / weights_ptr + pair then read entry token * ROUTE_SLOTS + j
-        ids_ptr += token * (ROUTE_SLOTS - SLOTS)
-        weights_ptr += token * (ROUTE_SLOTS - SLOTS)
     if SPLIT > 1:
         part = tl.program_id(2)
         for j in tl.static_range(TOP_K):
@@ -291,29 +268,17 @@ def _down_kernel(
             tl.store(out_ptr + token.to(tl.int64) * H + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
             tl.store(counter, 0)
     else:
-        if TOP_K > 0:
-            if LOOP == 1:  # unrolled over the experts: their loads may all be in flight
-                for j in tl.static_range(TOP_K):
-                    acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I,
-                                      DECODE)  # fmt: skip
-            elif LOOP > 1:  # pipelined over the experts
-                for j in tl.range(TOP_K, num_stages=LOOP):
-                    acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I,
-                                      DECODE)  # fmt: skip
-            else:
-                for j in range(TOP_K):
-                    acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I,
-                                      DECODE)  # fmt: skip
+        if LOOP == 1:  # unrolled over the experts: their loads may all be in flight
+            for j in tl.static_range(TOP_K):
+                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
+        elif LOOP > 1:  # pipelined over the experts
+            for j in tl.range(TOP_K, num_stages=LOOP):
+                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
+        else:
+            for j in range(TOP_K):
+                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
         if SHARED:  # the last slot: the shared expert, weight = sigmoid(its gate logit)
-            if SHARED_WEIGHTED:
-                acc += _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, token * SLOTS + TOP_K, rows, row_ok, H, I, BLOCK_H, BLOCK_I,
-                                    DECODE)  # fmt: skip
-            else:  # its own launch (TOP_K 0): the sum before the gate weight
-                act_row = act_ptr + token.to(tl.int64) * (I // 2 if DECODE >= 3 else I)
-                acc += _shared_down_unweighted(act_row, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, rows, row_ok, I, BLOCK_H, BLOCK_I, DECODE)
-        if SHARED_IN:  # the shared slot's sum from its own launch, weighted here: weights_ptr + token * SLOTS + TOP_K is its entry
-            shared_sum = tl.load(shared_in_ptr + token.to(tl.int64) * H + rows, mask=row_ok, other=0.0)
-            acc += tl.load(weights_ptr + token * SLOTS + TOP_K) * shared_sum
+            acc += _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, token * SLOTS + TOP_K, rows, row_ok, H, I, BLOCK_H, BLOCK_I, DECODE)
         tl.store(out_ptr + token.to(tl.int64) * H + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
@@ -335,55 +300,42 @@ def _settings(num_tokens: int) -> tuple[int, int, int, int, int, int, int]:
     return LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS, DOWN_SPLIT
 
 
-def _views(nvfp4: bool, words: int, x: torch.Tensor) -> tuple[int, torch.dtype | None]:
-    """(the kernels' DECODE, the integer view of the codes or None) for these weight reads and this x."""
-    if nvfp4 and words == 2 and x.dtype == torch.bfloat16:  # int64 views of the codes (one scale block each), int32 views of x and act
-        return (4 if interpreting() else 3), torch.int64
-    if nvfp4 and words:  # int32 views of the codes (rows of H/2 and I/2 bytes, multiples of 8)
-        return (1 if interpreting() else 2), torch.int32
-    return 0, None
-
-
-def _shared_viewed(shared: SharedNvfp4Expert, view: torch.dtype | None) -> SharedNvfp4Expert:
-    return shared if view is None else SharedNvfp4Expert(*(t.view(view) if t.dtype == torch.uint8 else t for t in vars(shared).values()))
-
-
 def _launch(
     x, topk_weights, topk_ids, gate_up, gate_up_scale, gate_up_scale_2, down, down_scale, down_scale_2, intermediate, out, nvfp4: bool,
-    shared: SharedNvfp4Expert | None = None, shared_in: torch.Tensor | None = None, before_down: Callable[[], None] | None = None,
+    shared: SharedNvfp4Expert | None = None,
 ) -> None:
-    """Both kernels; with `shared` the routing rows are [T, top_k + 1] and the last slot is the shared expert. With
-    `shared_in` (float32 [T, H], `_launch_shared_only`'s output) the rows are [T, top_k + 1] as well, but the shared slot's
-    sum comes from there and only its weight from the rows. `before_down` runs just before the down launch is issued."""
+    """Both kernels; with `shared` the routing rows are [T, top_k + 1] and the last slot is the shared expert."""
     num_tokens, hidden = x.shape
     slots = topk_ids.shape[1]
-    top_k = slots - 1 if shared is not None or shared_in is not None else slots
+    top_k = slots - 1 if shared is not None else slots
     if num_tokens == 0:
         return
     loop, gate_up_block_n, gate_up_block_k, down_block_h, down_block_i, words, down_split = _settings(num_tokens)
-    decode, view = _views(nvfp4, words, x)
-    half = view == torch.int64
-    if view is not None:
-        gate_up, down = gate_up.view(view), down.view(view)
+    decode = 0
+    half = nvfp4 and words == 2 and x.dtype == torch.bfloat16
+    if half:  # int64 views of the codes (one scale block each), int32 views of x and of the activation
+        decode = 4 if interpreting() else 3
+        gate_up, down = gate_up.view(torch.int64), down.view(torch.int64)
         if shared is not None:
-            shared = _shared_viewed(shared, view)
+            shared = SharedNvfp4Expert(*(t.view(torch.int64) if t.dtype == torch.uint8 else t for t in vars(shared).values()))
+    elif nvfp4 and words:  # int32 views of the codes (rows of H/2 and I/2 bytes, multiples of 8)
+        decode = 1 if interpreting() else 2
+        gate_up, down = gate_up.view(torch.int32), down.view(torch.int32)
+        if shared is not None:
+            shared = SharedNvfp4Expert(*(t.view(torch.int32) if t.dtype == torch.uint8 else t for t in vars(shared).values()))
     gate_up_shared, down_shared = {}, {}  # extra kernel arguments for the fused shared expert
     if shared is not None:
         names = ("shared_w_ptr", "shared_scale_ptr", "shared_scale_2_ptr")
         gate_up_shared = dict(zip(names, (shared.gate_up_packed, shared.gate_up_scale, shared.gate_up_scale_2))) | {"SHARED": True}
         down_shared = dict(zip(names, (shared.down_packed, shared.down_scale, shared.down_scale_2))) | {"SHARED": True}
-    elif shared_in is not None:  # the routed slots only; the routing rows are one wider
-        gate_up_shared = {"ROUTE_SLOTS": slots}
-        down_shared = {"ROUTE_SLOTS": slots, "shared_in_ptr": shared_in, "SHARED_IN": True}
-    act_rows = num_tokens * (top_k if shared_in is not None else slots)
     # Under the interpreter the activation is written in float32 and rounded by torch (the interpreter truncates).
     act_dtype = torch.float32 if interpreting() else x.dtype
-    act = torch.empty(act_rows, intermediate, dtype=act_dtype, device=x.device)  # [T*slots, I]
+    act = torch.empty(num_tokens * slots, intermediate, dtype=act_dtype, device=x.device)  # [T*slots, I]
     block_n = min(gate_up_block_n, next_power_of_2(intermediate))
     block_k = min(gate_up_block_k, next_power_of_2(hidden // 2 if nvfp4 else hidden))
     x = x.contiguous()
     ids = topk_ids.contiguous()
-    _gate_up_kernel[(act_rows, cdiv(intermediate, block_n))](
+    _gate_up_kernel[(num_tokens * slots, cdiv(intermediate, block_n))](
         x.view(torch.int32) if half else x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=loop, DECODE=decode,
         **gate_up_shared,
@@ -397,9 +349,7 @@ def _launch(
     buffer = staging_buffer(out)
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
     row_blocks = cdiv(hidden, block_h)
-    split = 1 if shared_in is not None else max(1, min(down_split, slots))
-    if before_down is not None:
-        before_down()
+    split = max(1, min(down_split, slots))
     if split > 1:
         down_shared |= {"SPLIT": split, "workspace_ptr": torch.empty(split, num_tokens, hidden, dtype=torch.float32, device=x.device),
                         "counter_ptr": ticket_counters(x.device, num_tokens * row_blocks)}  # fmt: skip
@@ -411,41 +361,6 @@ def _launch(
     if target is not buffer:
         buffer.copy_(target)
     finish(buffer, out)
-
-
-def _launch_shared_only(x: torch.Tensor, shared: SharedNvfp4Expert) -> torch.Tensor:
-    """The shared expert alone, before its gate weight: float32 [T, H] (the two kernels with TOP_K 0, the same tiles and
-    weight reads as `_launch` at this many tokens, so `_launch(..., shared_in=)` gives the fused launch's bits)."""
-    num_tokens, hidden = x.shape
-    intermediate = int(shared.gate_up_packed.shape[0]) // 2
-    loop, gate_up_block_n, gate_up_block_k, down_block_h, down_block_i, words, _ = _settings(num_tokens)
-    decode, view = _views(True, words, x)
-    half = view == torch.int64
-    shared = _shared_viewed(shared, view)
-    act_dtype = torch.float32 if interpreting() else x.dtype
-    act = torch.empty(num_tokens, intermediate, dtype=act_dtype, device=x.device)  # [T, I]
-    block_n = min(gate_up_block_n, next_power_of_2(intermediate))
-    block_k = min(gate_up_block_k, next_power_of_2(hidden // 2))
-    x = x.contiguous()
-    _gate_up_kernel[(num_tokens, cdiv(intermediate, block_n))](
-        x.view(torch.int32) if half else x, x, shared.gate_up_packed, shared.gate_up_scale, shared.gate_up_scale_2, act, hidden, intermediate,
-        TOP_K=0, WEIGHT_NVFP4=True, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=loop, DECODE=decode,
-        shared_w_ptr=shared.gate_up_packed, shared_scale_ptr=shared.gate_up_scale, shared_scale_2_ptr=shared.gate_up_scale_2, SHARED=True,
-    )  # fmt: skip
-    if act.dtype != x.dtype:
-        act = act.to(x.dtype).to(act_dtype)  # round-to-nearest-even into x's dtype, as on the GPU
-    if half:
-        act = act.to(x.dtype).view(torch.int32)
-    block_h = min(down_block_h, next_power_of_2(hidden))
-    block_i = min(down_block_i, next_power_of_2(intermediate // 2))
-    shared_sum = torch.empty(num_tokens, hidden, dtype=torch.float32, device=x.device)  # [T, H]
-    _down_kernel[(num_tokens, cdiv(hidden, block_h), 1)](
-        act, act, act, shared.down_packed, shared.down_scale, shared.down_scale_2, shared_sum, hidden, intermediate,
-        TOP_K=0, WEIGHT_NVFP4=True, BLOCK_H=block_h, BLOCK_I=block_i, LOOP=loop, DECODE=decode,
-        shared_w_ptr=shared.down_packed, shared_scale_ptr=shared.down_scale, shared_scale_2_ptr=shared.down_scale_2, SHARED=True,
-        SHARED_WEIGHTED=False,
-    )  # fmt: skip
-    return shared_sum
 
 
 @satisfies("moe/routed-experts", major=1, devices=("cuda",), backend="triton")
@@ -532,21 +447,14 @@ def moe_block_decode(
     shared: SharedNvfp4Expert,
     top_k: int,
     out: torch.Tensor,  # [T, H]
-    side=None,  # kernels.side_stream.SideStream or None (static decode): the shared expert beside the router
 ) -> None:
     """The whole sparse MoE block for decode: router logits and top-k with the shared slot (one launch up to
     `router.FUSED_ROUTER_MAX_TOKENS` tokens, cuBLAS logits plus the top-k kernel above), then the gate/up and
-    down kernels; the signature of `ops.static_moe.moe_block_decode`. With `side` and a batch up to
-    `side_stream.MOE_SHARED_MAX_BATCH`, on the per-pair kernels, the shared expert runs on the side stream from before the
-    router to the routed down launch (`kernels/side_stream.py`); the output bits are the same.
+    down kernels; the signature of `ops.static_moe.moe_block_decode`.
     No host synchronisation: the expert ids come from the router kernel, in range by construction."""
     check_moe_block_decode(x, router_weight, experts, shared, top_k, out)
     require_launchable(x, router_weight, out)
     num_tokens = x.shape[0]
-    if side is not None:
-        from reference_engine.kernels import side_stream
-
-        side = side if side_stream.shared_on_side(side, num_tokens) and _per_pair(num_tokens, x.dtype) else None
     if PERSISTENT and num_tokens == 1:  # the whole block in one persistent launch (tuning key `moe_block_persistent`)
         from reference_engine.kernels import (
             moe_block_persistent,  # it imports this module's device functions
@@ -554,10 +462,6 @@ def moe_block_decode(
 
         moe_block_persistent.moe_block_persistent(x, router_weight, experts, shared, top_k, out)
         return
-    shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
-    shared_sum = None  # float32 [T, H] from the side stream: the shared expert before its gate weight
-    if side is not None:
-        shared_sum = side.fork(lambda: _launch_shared_only(x, shared_tensors))
     topk_weights = torch.empty(num_tokens, top_k + 1, dtype=torch.float32, device=x.device)
     topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
     if num_tokens <= router.FUSED_ROUTER_MAX_TOKENS and x.is_contiguous() and router_weight.is_contiguous():
@@ -573,21 +477,9 @@ def moe_block_decode(
         moe_grouped_decode.grouped_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out, check_ids=False)
         return
     routed = [getattr(experts, name).contiguous() for name in _STACKED]
+    shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
     require_launchable(x, *routed, *vars(shared_tensors).values())
-    if shared_sum is not None:
-        _launch(x, topk_weights, topk_ids, *routed, int(experts.gate_up_packed.shape[1]) // 2, out, nvfp4=True, shared_in=shared_sum,
-                before_down=side.join)  # fmt: skip
-        return
     _launch(x, topk_weights, topk_ids, *routed, int(experts.gate_up_packed.shape[1]) // 2, out, nvfp4=True, shared=shared_tensors)
-
-
-def _per_pair(num_tokens: int, dtype: torch.dtype) -> bool:
-    """Whether `moe_block_decode` runs this many tokens on the per-pair kernels (not persistent, not grouped by expert)."""
-    if PERSISTENT and num_tokens == 1:
-        return False
-    if moe_grouped_half.runs(num_tokens, dtype):
-        return False
-    return moe_grouped_decode.MIN_TOKENS is None or num_tokens < moe_grouped_decode.MIN_TOKENS
 
 
 def stack_nvfp4_experts(

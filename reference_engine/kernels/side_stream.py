@@ -13,16 +13,12 @@ Memory: b and a are allocated while the side stream is current, so their block b
 reused only by later side-stream allocations. Each of those is issued after the next fork, which waits for the decode
 stream's work up to that point, including the GDN step that read the block.
 
-The MoE block's shared expert (`MOE_SHARED_MAX_BATCH`, tuning key `moe_shared_side_max_batch`): at batch 1 the fused
-router (129 programs, 6% of issue slots in run21) leaves the GPU mostly idle for about 5 us a layer, and the shared
-expert needs no routing. With the switch on, `moe_decode.moe_block_decode` forks the shared expert's gate/up and down
-(its own two launches, `moe_decode._launch_shared_only`: the sum before its gate weight, float32) before the router,
-runs the router and the routed gate/up on the decode stream, joins, and the routed down launch adds weight x that sum
-last: the same float32 operations in the same order as the fused shared slot, so the same bits.
+`BA_MAX_BATCH` (tuning key `gdn_ba_side_max_batch`): `benchmarks/kernels/time_side_stream.py` times the decode graph
+with and without it (run61, H100, batch 1: -2.2%, logits bit-equal; on at batch 1 in the tuning file). Off CUDA there
+is no side stream: `for_device` returns None.
 
-`BA_MAX_BATCH` (tuning key `gdn_ba_side_max_batch`) was 0, off, until `benchmarks/kernels/time_side_stream.py` measured
-the batch-1 graph with and without it (run61, H100: -2.2%, taken). `MOE_SHARED_MAX_BATCH` measured slower with `--switch moe_shared` (run62, H100:
-+8.5% on the batch-1 graph, logits bit-equal) and stays 0. Off CUDA there is no side stream: `for_device` returns None.
+Tried and removed: the MoE block's shared expert as a branch forked before the router (its own two launches, joined
+before the routed down launch; bit-equal, commit ece7445). It made the batch-1 graph 8.5% slower (run62, H100).
 """
 
 from __future__ import annotations
@@ -34,7 +30,6 @@ from typing import TypeVar
 import torch
 
 BA_MAX_BATCH = 0  # decode batches up to this run the GDN b/a projection on the side stream (0: never)
-MOE_SHARED_MAX_BATCH = 0  # decode batches up to this run the MoE block's shared expert on the side stream (0: never)
 
 First = TypeVar("First")
 Second = TypeVar("Second")
@@ -46,29 +41,22 @@ class SideStream:
 
     stream: torch.cuda.Stream
 
-    def fork(self, side_work: Callable[[], Second]) -> Second:
-        """side_work(), issued on the side stream after everything the current stream has issued so far. The current
-        stream must `join` before it reads what side_work wrote, and before a captured graph ends."""
-        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
-        with torch.cuda.stream(self.stream):
-            return side_work()
-
-    def join(self) -> None:
-        """The current stream waits for everything issued on the side stream so far."""
-        torch.cuda.current_stream(self.stream.device).wait_stream(self.stream)
-
     def branches(self, main_work: Callable[[], First], side_work: Callable[[], Second]) -> tuple[First, Second]:
-        """(main_work(), side_work()): side_work forked, main_work on the current stream, then joined."""
-        side_result = self.fork(side_work)
+        """(main_work(), side_work()): side_work is issued on the side stream after everything the current stream has
+        issued so far, main_work on the current stream; then the current stream waits for the side stream."""
+        current = torch.cuda.current_stream(self.stream.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            side_result = side_work()
         main_result = main_work()
-        self.join()
+        current.wait_stream(self.stream)
         return main_result, side_result
 
 
 def for_device(device: torch.device | str) -> SideStream | None:
-    """A side stream on `device` when it is a CUDA device and `BA_MAX_BATCH` or `MOE_SHARED_MAX_BATCH` is on, else None."""
+    """A side stream on `device` when it is a CUDA device and `BA_MAX_BATCH` is on, else None."""
     device = torch.device(device)
-    if device.type != "cuda" or max(BA_MAX_BATCH, MOE_SHARED_MAX_BATCH) <= 0:
+    if device.type != "cuda" or BA_MAX_BATCH <= 0:
         return None
     return SideStream(torch.cuda.Stream(device))
 
@@ -76,8 +64,3 @@ def for_device(device: torch.device | str) -> SideStream | None:
 def ba_on_side(side: SideStream | None, num_tokens: int) -> bool:
     """Whether a decode step of `num_tokens` rows runs the b/a projection on `side`."""
     return side is not None and 0 < num_tokens <= BA_MAX_BATCH
-
-
-def shared_on_side(side: SideStream | None, num_tokens: int) -> bool:
-    """Whether a decode step of `num_tokens` rows runs the MoE block's shared expert on `side`."""
-    return side is not None and 0 < num_tokens <= MOE_SHARED_MAX_BATCH

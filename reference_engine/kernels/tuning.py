@@ -15,8 +15,7 @@ GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed 
 settings' `DOWN_SPLIT` is the programs a token's down slots are dealt over; `gdn_step_split` the programs per split GDN
 decode head, `gdn_step_fused_conv` 1 the step in one launch (the conv inside the recurrent kernel;
 `benchmarks/kernels/time_gdn_fused_conv.py`) at every batch, `gdn_step_fused_conv_max_batch` up to that batch.
-`gdn_ba_side_max_batch` runs the GDN b/a projection on a side stream up to that decode batch (`kernels/side_stream.py`),
-`moe_shared_side_max_batch` the MoE block's shared expert likewise. `gemv_words` sets the word reads
+`gdn_ba_side_max_batch` runs the GDN b/a projection on a side stream up to that decode batch (`kernels/side_stream.py`). `gemv_words` sets the word reads
 for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
@@ -159,7 +158,6 @@ class TuningFile(BaseModel):
     gdn_step_fused_conv: int | None = Field(default=None, ge=0, le=1)  # GDN decode step: the conv inside the recurrent launch
     gdn_step_fused_conv_max_batch: int | None = Field(default=None, ge=0)  # ... up to this batch (0: never)
     gdn_ba_side_max_batch: int | None = Field(default=None, ge=0)  # GDN b/a projection on a side stream up to this batch (0: never)
-    moe_shared_side_max_batch: int | None = Field(default=None, ge=0)  # MoE shared expert on a side stream up to this batch (0: never)
     fused_router_max_tokens: int | None = Field(default=None, ge=0)  # router logits + top-k in one launch up to this batch (0: never)
     dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
     router_rows: Literal[1, 2, 4, 8] | None = None  # fused router: logits rows per program
@@ -228,7 +226,6 @@ def apply_tuning(path: str | Path) -> TuningFile:
                                 (None if tuning.gdn_step_fused_conv is None else bool(tuning.gdn_step_fused_conv), gdn_decode_step, "FUSED_CONV"),
                                 (tuning.gdn_step_fused_conv_max_batch, gdn_decode_step, "FUSED_CONV_MAX_BATCH"),
                                 (tuning.gdn_ba_side_max_batch, side_stream, "BA_MAX_BATCH"),
-                                (tuning.moe_shared_side_max_batch, side_stream, "MOE_SHARED_MAX_BATCH"),
                                 (tuning.fused_router_max_tokens, router, "FUSED_ROUTER_MAX_TOKENS"),
                                 (tuning.dense_gemv_max_tokens, dense_gemv, "MAX_TOKENS"), (tuning.router_rows, router, "ROUTER_ROWS"),
                                 (tuning.router_warps, router, "ROUTER_WARPS"),

@@ -58,4 +58,4 @@ class DecoderLayer:
         steps = self.mlp.steps_buffer(post_normed) if ops is None and eager_backend("fused_add_rms_norm", mixed) == "triton" else None
         add_norm(mixed, residual, self.post_attention_layernorm, out=post_normed, residual_out=post_residual, eps=self.eps,
                  **({} if steps is None else {"steps_out": steps}))  # fmt: skip
-        return self.mlp(post_normed, ops=ops, x_steps=steps, side=getattr(batch, "side", None)), post_residual
+        return self.mlp(post_normed, ops=ops, x_steps=steps), post_residual

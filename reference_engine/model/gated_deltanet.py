@@ -20,6 +20,7 @@ import torch
 
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
+from reference_engine.kernels import side_stream
 from reference_engine.model.eager_ops import eager_backend, eager_op
 from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
@@ -94,10 +95,7 @@ class GatedDeltaNet:
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
         if ops is not None and batch.is_decode:  # static decode (T = B): one fused op, both states updated in place at the slots
             side = getattr(batch, "side", None)
-            if side is not None:
-                from reference_engine.kernels import side_stream
-
-                side = side if side_stream.ba_on_side(side, num_tokens) else None
+            side = side if side_stream.ba_on_side(side, num_tokens) else None
             mixed, z_flat, b, a = self._projections(x, ops, side)  # [T, C], [T, Hv*Dv], [T, Hv], [T, Hv] (views)
             core = torch.empty_like(z_flat, memory_format=torch.contiguous_format)  # [B, Hv * Dv]
             ops.gdn_decode_step(

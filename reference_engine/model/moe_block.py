@@ -108,15 +108,13 @@ class SparseMoeBlock:
             return None
         return torch.empty_like(x) if self.experts.prefill_takes_steps(x, self.top_k) else None
 
-    def __call__(self, x: torch.Tensor, ops=None, x_steps: torch.Tensor | None = None, side=None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, ops=None, x_steps: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, H] -> [T, H]; `ops` (an ops.backend.OpSet, CUDA-graph decode only) supplies capturable ops.
-        `x_steps`: x in `permute_steps` order (from `steps_buffer`, written by the norm before the block), or None.
-        `side`: the static decode's side stream (`kernels/side_stream.py`) or None, passed to `ops.moe_block_decode`."""
+        `x_steps`: x in `permute_steps` order (from `steps_buffer`, written by the norm before the block), or None."""
         num_tokens = x.shape[0]
         if ops is not None and self.shared_nvfp4 is not None:  # the whole block in one op
             out = torch.empty_like(x)  # [T, H]
-            extra = {} if side is None else {"side": side}
-            ops.moe_block_decode(x, self.router_weight, self.experts.stacked, self.shared_nvfp4, self.top_k, out=out, **extra)
+            ops.moe_block_decode(x, self.router_weight, self.experts.stacked, self.shared_nvfp4, self.top_k, out=out)
             return out
         if ops is None and self.shared_nvfp4 is not None:
             return self._fused_eager(x, x_steps)

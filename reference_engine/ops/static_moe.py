@@ -389,7 +389,6 @@ def moe_block_decode(
     shared: SharedNvfp4Expert,
     top_k: int,
     out: torch.Tensor,  # [T, H]
-    side=None,  # unused: the Triton op's side stream (kernels/side_stream.py); this op runs on the current stream
 ) -> None:
     """The sparse MoE block on NVFP4 experts, capturable: logits = x @ router_weight^T [T, E+1];
     softmax over the E routed columns, top_k renormalised; plus sigmoid(logit E) * shared(x)."""

@@ -99,16 +99,11 @@ def test_a_layer_without_the_stacks_does_not_use_the_side_stream(tiny_nvfp4) -> 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("switch", ["BA_MAX_BATCH", "MOE_SHARED_MAX_BATCH"])
-def test_graph_decode_with_the_side_stream_gives_the_same_logits_on_cuda(monkeypatch, switch) -> None:
-    """The b/a branch runs the same kernels: the same bits. The shared-expert branch computes the same float32 operations
-    in other kernels, which the compiler may contract differently: the same greedy tokens and logits within bf16 noise."""
+def test_graph_decode_with_the_side_stream_gives_the_same_logits_on_cuda(monkeypatch) -> None:
     model = build_preset("tiny", device=torch.device("cuda"), dtype=torch.bfloat16, seed=3, quantize="nvfp4")
 
     def configure(decoder, max_batch: int) -> None:  # after the engine's op selection, which installs the card's tuning file
-        monkeypatch.setattr(side_stream, "BA_MAX_BATCH", 0)
-        monkeypatch.setattr(side_stream, "MOE_SHARED_MAX_BATCH", 0)
-        monkeypatch.setattr(side_stream, switch, max_batch)
+        monkeypatch.setattr(side_stream, "BA_MAX_BATCH", max_batch)
         decoder.side = side_stream.for_device("cuda")
 
     def run(max_batch: int):
@@ -121,8 +116,4 @@ def test_graph_decode_with_the_side_stream_gives_the_same_logits_on_cuda(monkeyp
     plain, sided = run(0), run(2)
     assert len(plain) == len(sided)
     for a, b in zip(plain, sided, strict=True):
-        if switch == "BA_MAX_BATCH":
-            assert torch.equal(a, b)
-        else:
-            assert torch.equal(a.argmax(-1), b.argmax(-1))
-            assert float((a - b).abs().max()) <= 2e-2 * float(a.abs().max()), float((a - b).abs().max())
+        assert torch.equal(a, b)
