@@ -53,7 +53,9 @@ def configs():
             yield f"w4a16 words M={tokens} N={rows} split={split_k} loop={loop}", nvfp4_gemv._w4a16_gemv_kernel, gemv_sig | {"out_ptr": out, "packed_ptr": "*i32"}, {"STEPS_PER_SPLIT": steps, "SPLIT_K": split_k, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_KB": block_kb, "ROW_SCALES": tokens == 1, "LOOP": loop, "WORDS": True, "ASM": True}
     half_sig = {"x32_ptr": "*i32", "blocks_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16", "workspace_ptr": "*fp32", "counter_ptr": "*i32", "N": I32, "K_BLOCKS": I32}
     for block_n, block_b, split, loop in ((128, 4, 1, 0), (256, 8, 2, 3), (64, 4, 4, 3), (256, 8, 8, 1)):
-        yield f"w4a16 half N-block={block_n} blocks={block_b} split={split} loop={loop}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig, {"STEPS_PER_SPLIT": 4, "SPLIT_K": split, "BLOCK_N": block_n, "BLOCK_B": block_b, "ROW_SCALES": split == 1, "LOOP": loop, "ASM": True}
+        for fp8 in (False, True):  # the bit-placement decode and the E4M3 one
+            yield f"w4a16 half N-block={block_n} blocks={block_b} split={split} loop={loop} fp8={fp8}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig, {
+                "STEPS_PER_SPLIT": 4, "SPLIT_K": split, "BLOCK_N": block_n, "BLOCK_B": block_b, "ROW_SCALES": split == 1, "LOOP": loop, "ASM": True, "FP8": fp8}
     for row_scales in (False, True):
         yield f"nvfp4 dequant row_scales={row_scales}", nvfp4_dequant._dequant_kernel, {"packed_ptr": "*u8", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16", "N": I32, "K_BYTES": I32}, {
             "ROW_SCALES": row_scales, "BLOCK_N": nvfp4_dequant.BLOCK_N, "BLOCK_KB": nvfp4_dequant.BLOCK_KB}
@@ -71,18 +73,24 @@ def configs():
         yield f"moe down half rows={block}", moe_decode._down_kernel, {"act_ptr": "*i32", "ids_ptr": "*i32", "weights_ptr": "*fp32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": block, "BLOCK_I": 64} | half_unshared
     shared_sig = {"shared_w_ptr": "*i64", "shared_scale_ptr": "*fp8e4nv", "shared_scale_2_ptr": "*fp32"}
     down_sig = {"act_ptr": "*i32", "ids_ptr": "*i32", "weights_ptr": "*fp32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16"}
+    for decode in (3, 5):  # the batch-one tiles with the bit-placement and the E4M3 decode
+        yield f"moe gate_up half 8x256 decode={decode}", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16"} | shared_sig, {
+            "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 8, "BLOCK_K": 256, "SHARED": True, "LOOP": 3, "DECODE": decode}
+        yield f"moe down half 8x256 decode={decode}", moe_decode._down_kernel, down_sig | shared_sig, {
+            "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": 8, "BLOCK_I": 256, "SHARED": True, "LOOP": 3, "DECODE": decode}
     for split, decode in ((9, 3), (3, 2)):  # the down slots dealt over programs, ticket-ordered sum
         yield f"moe down half split={split} decode={decode}", moe_decode._down_kernel, down_sig | shared_sig | {"workspace_ptr": "*fp32", "counter_ptr": "*i32"}, {
             "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": 8, "BLOCK_I": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "SPLIT": split}
     yield "moe gate_up half shared", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16", "shared_w_ptr": "*i64", "shared_scale_ptr": "*fp8e4nv", "shared_scale_2_ptr": "*fp32"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 32, "BLOCK_K": 64, "SHARED": True, "LOOP": 3, "DECODE": 3}
     half_grouped = {"counts_ptr": "*i32", "pairs_ptr": "*i32", "P": I32, "T": I32, "w_ptr": "*i64", "s_ptr": "*fp8e4nv", "s2_ptr": "*fp32",
                     "shared_w_ptr": "*i64", "shared_s_ptr": "*fp8e4nv", "shared_s2_ptr": "*fp32"}  # fmt: skip
-    for rows, blocks, warps, pairs in ((32, 8, 4, 0), (64, 16, 8, 0), (32, 4, 4, 1)):
-        yield f"moe half grouped gate_up {rows}x{blocks} pairs={pairs}", moe_grouped_half._gate_up_kernel, half_grouped | {"x32_ptr": "*i32", "act_ptr": "*i32" if pairs else "*bf16"}, {
-            "I": 512, "H_WORDS": 1024, "K_BLOCKS": 128, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": blocks, "ASM": True, "PAIRS": pairs, "num_warps": warps}
-        yield f"moe half grouped down {rows}x{blocks} pairs={pairs}", moe_grouped_half._down_kernel, half_grouped | {"act32_ptr": "*i32", "weights_ptr": "*fp32", "y_ptr": "*fp32"}, {
-            "H": 2048, "I_WORDS": 256, "K_BLOCKS": 32, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": min(blocks, 32), "ASM": True, "PAIRS": pairs, "num_warps": warps}
-    yield "moe half grouped x pairs", moe_grouped_half._pairs_kernel, {"x32_ptr": "*i32", "out_ptr": "*i32"}, {"WORDS": 1024, "K_BLOCKS": 128, "BLOCK_B": 32, "ASM": True}
+    for rows, blocks, warps, pairs, fp8 in ((32, 8, 4, 0, False), (64, 16, 8, 0, False), (32, 4, 4, 1, False), (32, 4, 4, 1, True), (32, 8, 4, 0, True)):
+        yield f"moe half grouped gate_up {rows}x{blocks} pairs={pairs} fp8={fp8}", moe_grouped_half._gate_up_kernel, half_grouped | {"x32_ptr": "*i32", "act_ptr": "*i32" if pairs else "*bf16"}, {
+            "I": 512, "H_WORDS": 1024, "K_BLOCKS": 128, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": blocks, "ASM": True, "PAIRS": pairs, "FP8": fp8, "num_warps": warps}
+        yield f"moe half grouped down {rows}x{blocks} pairs={pairs} fp8={fp8}", moe_grouped_half._down_kernel, half_grouped | {"act32_ptr": "*i32", "weights_ptr": "*fp32", "y_ptr": "*fp32"}, {
+            "H": 2048, "I_WORDS": 256, "K_BLOCKS": 32, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": min(blocks, 32), "ASM": True, "PAIRS": pairs, "FP8": fp8, "num_warps": warps}
+    for fp8 in (False, True):
+        yield f"moe half grouped x pairs fp8={fp8}", moe_grouped_half._pairs_kernel, {"x32_ptr": "*i32", "out_ptr": "*i32"}, {"WORDS": 1024, "K_BLOCKS": 128, "BLOCK_B": 32, "ASM": True, "FP8": fp8}
     yield "l2 prefetch", l2_prefetch._l2_prefetch_kernel, {"table_ptr": "*i64", "n": I32}, {"BLOCK": l2_prefetch.BLOCK}
     yield "dense gemv", dense_gemv._dense_gemv_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "N": I32, "stride_xm": I32, "stride_om": I32}, {"K": 2048, "TOKENS": 1, "BLOCK_N": 2, "BLOCK_K": 2048}
     yield "router logits + top-k", router._router_gemv_topk_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "counter_ptr": "*i32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32}, {"H": 2048, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "BLOCK_R": 4, "BLOCK_H": 512, "ROW_BLOCKS": 65}

@@ -105,9 +105,11 @@ def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, B
     split per byte; 1 / 2: `packed_ptr` is the int32 view of the codes, two codes decoded per shift and
     mask (`nvfp4_gemv._e2m1_word_pair`; 2 in PTX on the GPU, 1 the integer form for the interpreter); 3 / 4:
     `packed_ptr` is the int64 view (one scale block each) and `x_ptr` an int32 view of bfloat16 x, products in
-    packed float16 pairs (`nvfp4_half_dot`; 3 in PTX, 4 the interpreter form)."""
+    packed float16 pairs (`nvfp4_half_dot`; 3 in PTX, 4 the interpreter form); 5 / 6: the same with the codes
+    widened through E4M3 (`nvfp4_half_dot`'s FP8 decode; 5 in PTX, 6 the interpreter form)."""
     if DECODE >= 3:
-        part = _half_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES // 8, byte0 // 8, BN, BLOCK_KB // 8, DECODE == 3)
+        part = _half_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES // 8, byte0 // 8, BN, BLOCK_KB // 8, DECODE == 3 or DECODE == 5,
+                              DECODE >= 5)  # fmt: skip
         return tl.sum(part, axis=1) * (1.0 / 1024.0)  # the half path's codes are E2M1 * 2^-4; callers scale E2M1 * 2^-14
     if DECODE > 0:
         return _nvfp4_rows_dot_words(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES // 4, byte0 // 4, BN, BLOCK_KB // 4, DECODE == 2)
@@ -287,7 +289,8 @@ LOOP = 0  # loops over K (gate/up) and over the experts (down): 0 plain, 1 unrol
 GATE_UP_BLOCK_N, GATE_UP_BLOCK_K = 16, 128  # rows of gate (and of up) per program, packed bytes per K step
 DOWN_BLOCK_H, DOWN_BLOCK_I = 16, 128  # output rows per program, packed bytes per K step
 WORDS = 0  # NVFP4 weight reads: 0 bytes, 1 int32 words with two codes decoded per shift and mask (`_nvfp4_rows_dot_words`),
-# 2 (bfloat16 x; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`)
+# 2 (bfloat16 x; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`), 3: as 2 with the
+# E4M3 decode (`nvfp4_half_dot`, FP8 on)
 DOWN_SPLIT = 1  # programs a token's down slots are dealt over (ticket-ordered sum); run22: no faster at 1 or 32 tokens, so off
 PERSISTENT = False  # one token: router, gate/up and down in one persistent launch (`moe_block_persistent`, its `PLAN`)
 BATCH_ONE: tuple[int, ...] | None = None  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS[, DOWN_SPLIT]) for one token
@@ -312,9 +315,9 @@ def _launch(
         return
     loop, gate_up_block_n, gate_up_block_k, down_block_h, down_block_i, words, down_split = _settings(num_tokens)
     decode = 0
-    half = nvfp4 and words == 2 and x.dtype == torch.bfloat16
+    half = nvfp4 and words in (2, 3) and x.dtype == torch.bfloat16
     if half:  # int64 views of the codes (one scale block each), int32 views of x and of the activation
-        decode = 4 if interpreting() else 3
+        decode = (4 if interpreting() else 3) + (2 if words == 3 else 0)
         gate_up, down = gate_up.view(torch.int64), down.view(torch.int64)
         if shared is not None:
             shared = SharedNvfp4Expert(*(t.view(torch.int64) if t.dtype == torch.uint8 else t for t in vars(shared).values()))

@@ -46,9 +46,12 @@ from reference_engine.kernels.moe_grouped_decode import (
 from reference_engine.kernels.nvfp4_gemm import slot_sum
 from reference_engine.kernels.nvfp4_gemv import _e2m1_word_pair
 from reference_engine.kernels.nvfp4_half_dot import (
+    _E4M3_WORDS,
     _PAIR_DECODE,
     _block_words,
+    _e4m3_bytes,
     _half_pair,
+    _half_pair_times_4,
     _x_half_pairs,
 )
 from reference_engine.ops.moe import _require
@@ -72,6 +75,7 @@ class HalfGroupedPlan:
     num_warps: int = 4
     pairs: int = 0  # 1: x and the activation are converted once into float16 pairs in the block dot's order (one launch for x;
     # the gate/up kernel writes the activation so), 0: each program converts the bfloat16 words it reads
+    fp8: int = 0  # 1: codes widened through E4M3 (`nvfp4_half_dot`'s FP8 decode; x pairs in its order, times 4)
 
 
 PLAN = HalfGroupedPlan()
@@ -102,7 +106,21 @@ def _token_dot_asm() -> str:
     return " ".join(lines)
 
 
+def _decode_e4m3_asm() -> str:
+    """PTX: $8 the int64 block -> $0..$7 the float16x2 pairs of the E4M3 decode (codes (0, 2), (4, 6), (1, 3), (5, 7) of
+    word 0, then of word 1), each code its E2M1 value times 2^-6 (x pairs carry the other 2^2)."""
+    lines = ["{ .reg .b32 w0, w1, t, u, e; .reg .b16 l, h;", "mov.b64 {w0, w1}, $8;"]
+    out = 0
+    for word in ("w0", "w1"):
+        for mag, sign in _E4M3_WORDS:
+            lines += [mag.format(w=word), "and.b32 t, t, 0x1C1C1C1C;", sign.format(w=word), "and.b32 u, u, 0x80808080;", "or.b32 e, t, u;",
+                      "mov.b32 {l, h}, e;", f"cvt.rn.f16x2.e4m3x2 ${out}, l;", f"cvt.rn.f16x2.e4m3x2 ${out + 1}, h;"]
+            out += 2
+    return " ".join([*lines, "}"])
+
+
 DECODE_ASM = tl.constexpr(_decode_asm())
+DECODE_E4M3_ASM = tl.constexpr(_decode_e4m3_asm())
 TOKEN_DOT_ASM = tl.constexpr(_token_dot_asm())
 
 
@@ -114,9 +132,26 @@ def _code_pair(word, J: tl.constexpr):
 
 
 @triton.jit
-def _decoded(block, ASM: tl.constexpr):
-    """int64 scale blocks [BN, BB] -> 8 int32 [BN, BB] float16x2 pairs (word 0's pairs j = 0..3, then word 1's)."""
-    if ASM:
+def _e4m3_pairs(word):
+    """Interpreter form of one word's 4 pairs in the E4M3 decode: float16x2 bits of codes (0, 2), (4, 6), (1, 3), (5, 7)."""
+    e0, e1, e2, e3 = _e4m3_bytes(word, False)
+    o0, o1, o2, o3 = _e4m3_bytes(word, True)
+    return _half_pair(e0, e1, False), _half_pair(e2, e3, False), _half_pair(o0, o1, False), _half_pair(o2, o3, False)
+
+
+@triton.jit
+def _decoded(block, ASM: tl.constexpr, FP8: tl.constexpr = False):
+    """int64 scale blocks [BN, BB] -> 8 int32 [BN, BB] float16x2 pairs (word 0's pairs j = 0..3, then word 1's;
+    FP8: the E4M3 decode's pairs and order)."""
+    if FP8:
+        if ASM:
+            c0, c1, c2, c3, c4, c5, c6, c7 = tl.inline_asm_elementwise(
+                DECODE_E4M3_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,l", [block], dtype=(tl.int32,) * 8, is_pure=True, pack=1
+            )
+        else:
+            c0, c1, c2, c3 = _e4m3_pairs((block & 0xFFFFFFFF).to(tl.int32))
+            c4, c5, c6, c7 = _e4m3_pairs((block >> 32).to(tl.int32))
+    elif ASM:
         c0, c1, c2, c3, c4, c5, c6, c7 = tl.inline_asm_elementwise(
             DECODE_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,l", [block], dtype=(tl.int32,) * 8, is_pure=True, pack=1
         )
@@ -159,24 +194,25 @@ def _token_dot(c0, c1, c2, c3, c4, c5, c6, c7, x0, x1, x2, x3, x4, x5, x6, x7, B
 
 
 @triton.jit
-def _token_sums(row32_ptr, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr):
+def _token_sums(row32_ptr, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr,
+                FP8: tl.constexpr = False):
     """The decoded tile against the token whose row starts at `row32_ptr` (int32 words: bfloat16 pairs, or with PAIRS
     float16 pairs in the block dot's order): float32 [BN, BB]."""
     if PAIRS:
         x0, x1, x2, x3, x4, x5, x6, x7 = _block_words(row32_ptr, cols, ok)  # already pairs (`_pairs_kernel`)
     else:
-        x0, x1, x2, x3, x4, x5, x6, x7 = _x_half_pairs(row32_ptr, cols, ok, ASM)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _x_half_pairs(row32_ptr, cols, ok, ASM, FP8)
     return _token_dot(c0, c1, c2, c3, c4, c5, c6, c7, x0, x1, x2, x3, x4, x5, x6, x7, BN, BB, ASM)
 
 
 @triton.jit
-def _pairs_kernel(x32_ptr, out_ptr, WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr, ASM: tl.constexpr):
+def _pairs_kernel(x32_ptr, out_ptr, WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BLOCK_B: tl.constexpr, ASM: tl.constexpr, FP8: tl.constexpr = False):
     """Grid (T, cdiv(K_BLOCKS, BLOCK_B)): bfloat16 rows (int32 words, WORDS per row) -> the same rows as float16 pairs
     in the block dot's order (per 16-element block: (x[j], x[j + 4]) for j = 0..3, then the same 8 further)."""
     row = tl.program_id(0).to(tl.int64) * WORDS
     blocks = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     ok = blocks < K_BLOCKS
-    x0, x1, x2, x3, x4, x5, x6, x7 = _x_half_pairs(x32_ptr + row, blocks, ok, ASM)
+    x0, x1, x2, x3, x4, x5, x6, x7 = _x_half_pairs(x32_ptr + row, blocks, ok, ASM, FP8)
     base = out_ptr + row + blocks * 8
     tl.store(base + 0, x0, mask=ok)
     tl.store(base + 1, x1, mask=ok)
@@ -192,7 +228,7 @@ def _pairs_kernel(x32_ptr, out_ptr, WORDS: tl.constexpr, K_BLOCKS: tl.constexpr,
 def _gate_up_chunk(
     x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr,
     I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, TC: tl.constexpr, ASM: tl.constexpr,
-    PAIRS: tl.constexpr,
+    PAIRS: tl.constexpr, FP8: tl.constexpr,
 ):
     """Gate and up rows `gate_rows` [BN] (int64, up rows I further) against TC tokens t0.. (pairs p0.., the first n real):
     act[p_i, rows] = silu(gate) * up."""
@@ -212,32 +248,33 @@ def _gate_up_chunk(
         up_offsets = gate_offsets + I * K_BLOCKS
         gate_scale = tl.load(scale_ptr + gate_offsets, mask=tile_ok, other=0.0).to(tl.float32)
         up_scale = tl.load(scale_ptr + up_offsets, mask=tile_ok, other=0.0).to(tl.float32)
-        a0, a1, a2, a3, a4, a5, a6, a7 = _decoded(tl.load(blocks_ptr + gate_offsets, mask=tile_ok, other=0), ASM)
-        b0, b1, b2, b3, b4, b5, b6, b7 = _decoded(tl.load(blocks_ptr + up_offsets, mask=tile_ok, other=0), ASM)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _decoded(tl.load(blocks_ptr + gate_offsets, mask=tile_ok, other=0), ASM, FP8)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _decoded(tl.load(blocks_ptr + up_offsets, mask=tile_ok, other=0), ASM, FP8)
         row = x32_ptr + t0 * H_WORDS
-        g0 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS) * gate_scale
-        u0 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS) * up_scale
+        g0 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
+        u0 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
         if TC >= 2:
             row = x32_ptr + t1 * H_WORDS
-            g1 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS) * gate_scale
-            u1 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS) * up_scale
+            g1 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
+            u1 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
         if TC >= 4:
             row = x32_ptr + t2 * H_WORDS
-            g2 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS) * gate_scale
-            u2 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS) * up_scale
+            g2 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
+            u2 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
             row = x32_ptr + t3 * H_WORDS
-            g3 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS) * gate_scale
-            u3 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS) * up_scale
-    _store_act(act_ptr, p0, rows, n > 0, g0, u0, gate_s2, up_s2, I, BN, ASM, PAIRS)
+            g3 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
+            u3 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
+    _store_act(act_ptr, p0, rows, n > 0, g0, u0, gate_s2, up_s2, I, BN, ASM, PAIRS, FP8)
     if TC >= 2:
-        _store_act(act_ptr, p1, rows, n > 1, g1, u1, gate_s2, up_s2, I, BN, ASM, PAIRS)
+        _store_act(act_ptr, p1, rows, n > 1, g1, u1, gate_s2, up_s2, I, BN, ASM, PAIRS, FP8)
     if TC >= 4:
-        _store_act(act_ptr, p2, rows, n > 2, g2, u2, gate_s2, up_s2, I, BN, ASM, PAIRS)
-        _store_act(act_ptr, p3, rows, n > 3, g3, u3, gate_s2, up_s2, I, BN, ASM, PAIRS)
+        _store_act(act_ptr, p2, rows, n > 2, g2, u2, gate_s2, up_s2, I, BN, ASM, PAIRS, FP8)
+        _store_act(act_ptr, p3, rows, n > 3, g3, u3, gate_s2, up_s2, I, BN, ASM, PAIRS, FP8)
 
 
 @triton.jit
-def _store_act(act_ptr, pair, rows, valid, gate_acc, up_acc, gate_s2, up_s2, I: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr):
+def _store_act(act_ptr, pair, rows, valid, gate_acc, up_acc, gate_s2, up_s2, I: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr,
+               FP8: tl.constexpr):
     """act = silu(gate) * up for rows `rows` [BN] (consecutive, from a multiple of BN) of pair `pair` (stored if `valid`):
     bfloat16 at act[pair, rows], or with PAIRS rounded to bfloat16 (nearest even) and stored as float16 pairs in the
     block dot's order, int32 act[pair, rows / 2]."""
@@ -247,8 +284,12 @@ def _store_act(act_ptr, pair, rows, valid, gate_acc, up_acc, gate_s2, up_s2, I: 
     if PAIRS:
         bits = act.to(tl.int32, bitcast=True)
         rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)  # bfloat16, round to nearest even
-        lo, hi = tl.split(tl.permute(tl.reshape(rounded, (BN // 8, 2, 4)), (0, 2, 1)))  # [BN/8 words, 4]: elements 8w + j, 8w + 4 + j
-        packed = _half_pair(lo, hi, ASM)
+        if FP8:  # element 8w + 4a + 2b + c: pair 2c + a of word w, half b (pairs (0, 2), (4, 6), (1, 3), (5, 7)), times 4
+            lo, hi = tl.split(tl.reshape(tl.permute(tl.reshape(rounded, (BN // 8, 2, 2, 2)), (0, 3, 1, 2)), (BN // 8, 4, 2)))
+            packed = _half_pair_times_4(lo, hi, ASM)
+        else:
+            lo, hi = tl.split(tl.permute(tl.reshape(rounded, (BN // 8, 2, 4)), (0, 2, 1)))  # [BN/8 words, 4]: elements 8w + j, 8w + 4 + j
+            packed = _half_pair(lo, hi, ASM)
         words = tl.program_id(1) * (BN // 8) + tl.arange(0, BN // 8)
         offsets = words[:, None] * 4 + tl.arange(0, 4)[None, :]
         tl.store(act_ptr + pair.to(tl.int64) * (I // 2) + offsets, packed, mask=valid & (words < I // 8)[:, None])
@@ -260,14 +301,15 @@ def _store_act(act_ptr, pair, rows, valid, gate_acc, up_acc, gate_s2, up_s2, I: 
 def _gate_up_chunks(
     x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr,
     I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     """One chunk of n (1..4) tokens, with the products for 1, 2 or 4 of them."""
     if n == 1:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS, FP8)
     elif n == 2:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS, FP8)
     else:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS, FP8)
 
 
 @triton.jit
@@ -296,7 +338,7 @@ def _shared_chunk_pairs(chunk, T, SLOTS: tl.constexpr):
 def _gate_up_kernel(
     x32_ptr, counts_ptr, pairs_ptr, P, T, w_ptr, s_ptr, s2_ptr, shared_w_ptr, shared_s_ptr, shared_s2_ptr, act_ptr,
     I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, SLOTS: tl.constexpr, SHARED_CHUNKS: tl.constexpr,
-    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0,
+    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0, FP8: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -306,7 +348,7 @@ def _gate_up_kernel(
         gate_s2 = tl.load(shared_s2_ptr) * 16.0
         up_s2 = tl.load(shared_s2_ptr + 1) * 16.0
         _gate_up_chunks(x32_ptr, p0 // SLOTS, p1 // SLOTS, p2 // SLOTS, p3 // SLOTS, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows,
-                        gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS)  # fmt: skip
+                        gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)  # fmt: skip
     else:
         group = pid - SHARED_CHUNKS + 1  # group lists: 0 the shared expert (unused here), 1 + e expert e
         count = tl.load(counts_ptr + group)
@@ -320,7 +362,7 @@ def _gate_up_kernel(
             n = tl.minimum(count - m0, 4)
             p0, p1, p2, p3 = _chunk_pairs(group_pairs, m0, n)
             _gate_up_chunks(x32_ptr, p0 // SLOTS, p1 // SLOTS, p2 // SLOTS, p3 // SLOTS, p0, p1, p2, p3, n, w_ptr, s_ptr, gate_rows, rows,
-                            gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS)  # fmt: skip
+                            gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)  # fmt: skip
             m0 += 4
 
 
@@ -328,7 +370,7 @@ def _gate_up_kernel(
 def _down_chunk(
     act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr,
     H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, TC: tl.constexpr, ASM: tl.constexpr,
-    PAIRS: tl.constexpr,
+    PAIRS: tl.constexpr, FP8: tl.constexpr,
 ):
     """Down rows `down_rows` [BN] (int64) against the activations of TC pairs p0..: y[p_i, rows] = weight * (rows @ act)."""
     a0 = tl.zeros((BN, BB), dtype=tl.float32)
@@ -341,13 +383,13 @@ def _down_chunk(
         tile_ok = ok[None, :]  # rows are clamped in range
         offsets = down_rows[:, None] * K_BLOCKS + cols[None, :]
         scale = tl.load(scale_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
-        c0, c1, c2, c3, c4, c5, c6, c7 = _decoded(tl.load(blocks_ptr + offsets, mask=tile_ok, other=0), ASM)
-        a0 += _token_sums(act32_ptr + p0.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS) * scale
+        c0, c1, c2, c3, c4, c5, c6, c7 = _decoded(tl.load(blocks_ptr + offsets, mask=tile_ok, other=0), ASM, FP8)
+        a0 += _token_sums(act32_ptr + p0.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
         if TC >= 2:
-            a1 += _token_sums(act32_ptr + p1.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS) * scale
+            a1 += _token_sums(act32_ptr + p1.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
         if TC >= 4:
-            a2 += _token_sums(act32_ptr + p2.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS) * scale
-            a3 += _token_sums(act32_ptr + p3.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS) * scale
+            a2 += _token_sums(act32_ptr + p2.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
+            a3 += _token_sums(act32_ptr + p3.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
     row_ok = rows < H
     _store_y(y_ptr, weights_ptr, p0, rows, row_ok, a0, s2, H)
     if TC >= 2:
@@ -367,20 +409,21 @@ def _store_y(y_ptr, weights_ptr, pair, rows, mask, acc, s2, H: tl.constexpr):
 def _down_chunks(
     act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr,
     H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     if n == 1:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS, FP8)
     elif n == 2:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS, FP8)
     else:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS, FP8)
 
 
 @triton.jit
 def _down_kernel(
     act32_ptr, weights_ptr, counts_ptr, pairs_ptr, P, T, w_ptr, s_ptr, s2_ptr, shared_w_ptr, shared_s_ptr, shared_s2_ptr, y_ptr,
     H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, SLOTS: tl.constexpr, SHARED_CHUNKS: tl.constexpr,
-    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0,
+    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0, FP8: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -388,7 +431,7 @@ def _down_kernel(
     if pid < SHARED_CHUNKS:
         n, p0, p1, p2, p3 = _shared_chunk_pairs(pid, T, SLOTS)
         s2 = tl.load(shared_s2_ptr) * 16.0
-        _down_chunks(act32_ptr, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS)
+        _down_chunks(act32_ptr, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)
     else:
         group = pid - SHARED_CHUNKS + 1
         count = tl.load(counts_ptr + group)
@@ -400,7 +443,7 @@ def _down_kernel(
         while m0 < count:
             n = tl.minimum(count - m0, 4)
             p0, p1, p2, p3 = _chunk_pairs(group_pairs, m0, n)
-            _down_chunks(act32_ptr, p0, p1, p2, p3, n, w_ptr, s_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS)
+            _down_chunks(act32_ptr, p0, p1, p2, p3, n, w_ptr, s_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)
             m0 += 4
 
 
@@ -447,7 +490,8 @@ def half_grouped_experts_with_shared(
     if p.pairs:  # x once into float16 pairs; the gate/up kernel writes the activation in the same form
         _require(block_n % 8 == 0, f"pairs 1 needs gate/up rows per program in multiples of 8, got {block_n}")
         source = torch.empty_like(x32)
-        _pairs_kernel[(tokens, cdiv(hidden // 16, PAIRS_BLOCK_B))](x32, source, WORDS=hidden // 2, K_BLOCKS=hidden // 16, BLOCK_B=PAIRS_BLOCK_B, ASM=asm)
+        _pairs_kernel[(tokens, cdiv(hidden // 16, PAIRS_BLOCK_B))](x32, source, WORDS=hidden // 2, K_BLOCKS=hidden // 16, BLOCK_B=PAIRS_BLOCK_B, ASM=asm,
+                                                                   FP8=bool(p.fp8))  # fmt: skip
         act = torch.full((pairs, inter // 2), 0x7E007E00, dtype=torch.int32, device=x.device) if POISON_SCRATCH else torch.empty(pairs, inter // 2, dtype=torch.int32, device=x.device)
     else:
         source = x32
@@ -456,7 +500,7 @@ def half_grouped_experts_with_shared(
         source, counts, group_pairs, pairs, tokens,
         gu_packed.view(torch.int64), gu_scale, gu_scale_2, s_gu_packed.view(torch.int64), s_gu_scale, s_gu_scale_2, act,
         I=inter, H_WORDS=hidden // 2, K_BLOCKS=hidden // 16, SLOTS=slots, SHARED_CHUNKS=shared_chunks,
-        BN=block_n, BB=_steps(p.gate_up_block_b, hidden // 16), ASM=asm, PAIRS=p.pairs, num_warps=p.num_warps,
+        BN=block_n, BB=_steps(p.gate_up_block_b, hidden // 16), ASM=asm, PAIRS=p.pairs, FP8=bool(p.fp8), num_warps=p.num_warps,
     )
     if act.dtype == torch.float32:
         act = act.to(torch.bfloat16)
@@ -466,6 +510,6 @@ def half_grouped_experts_with_shared(
         act.view(torch.int32), topk_weights.contiguous(), counts, group_pairs, pairs, tokens,
         down_packed.view(torch.int64), down_scale, down_scale_2, s_down_packed.view(torch.int64), s_down_scale, s_down_scale_2, y,
         H=hidden, I_WORDS=inter // 2, K_BLOCKS=inter // 16, SLOTS=slots, SHARED_CHUNKS=shared_chunks,
-        BN=block_n, BB=_steps(p.down_block_b, inter // 16), ASM=asm, PAIRS=p.pairs, num_warps=p.num_warps,
+        BN=block_n, BB=_steps(p.down_block_b, inter // 16), ASM=asm, PAIRS=p.pairs, FP8=bool(p.fp8), num_warps=p.num_warps,
     )
     slot_sum(y, out, slots)

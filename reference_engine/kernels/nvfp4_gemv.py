@@ -40,7 +40,8 @@ _SM_COUNT_DEFAULT = 132
 TUNED: dict[tuple[int, int, int], tuple[int, ...]] = {}  # (tokens, rows, k_bytes) -> measured config (kernels/tuning.py)
 LOOP = 0  # the K loop: 0 plain, 1 unrolled (tl.static_range), n >= 2 pipelined n stages (tl.range); benchmarks/kernels/ compares
 WORDS = 0  # weight reads: 0 bytes (nibbles split per byte), 1 int32 words (two codes decoded per shift-and-mask; `_e2m1_word_pair`),
-# 2 (one bfloat16 token; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`)
+# 2 (one bfloat16 token; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`),
+# 3: as 2 with the codes widened through `cvt.rn.f16x2.e4m3x2` (`nvfp4_half_dot`'s E4M3 decode, FP8 on)
 GEMM_MIN_TOKENS = MAX_GEMV_TOKENS + 1  # from this many tokens the tensor-core GEMM runs instead of the GEMV (tuning may lower it)
 
 
@@ -244,8 +245,8 @@ def launch_w4a16_gemv(
         block_m, block_n, block_kb, split_k, num_warps, *rest = config
         loop = int(rest[0]) if rest else LOOP
         words = int(rest[1]) if len(rest) > 1 else WORDS
-    if words == 2 and _half_path_ok(x2d, weight_packed, block_kb):
-        _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n, block_kb // 8, split_k, num_warps, loop)
+    if words in (2, 3) and _half_path_ok(x2d, weight_packed, block_kb):
+        _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n, block_kb // 8, split_k, num_warps, loop, fp8=words == 3)
         return
     words = min(words, 1)
     codes = weight_packed
@@ -280,7 +281,8 @@ def _half_path_ok(x2d: torch.Tensor, weight_packed: torch.Tensor, block_kb: int)
     )  # fmt: skip
 
 
-def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n: int, block_b: int, split_k: int, num_warps: int, loop: int) -> None:
+def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n: int, block_b: int, split_k: int, num_warps: int, loop: int,
+                 fp8: bool = False) -> None:
     from reference_engine.kernels.nvfp4_half_dot import _w4a16_gemv_half_kernel
 
     rows, k_blocks = weight_packed.shape[0], weight_packed.shape[1] // 8
@@ -295,7 +297,7 @@ def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_
     _w4a16_gemv_half_kernel[(row_blocks, split_k)](
         x2d.view(torch.int32), weight_packed.view(torch.int64), weight_scale, scale_2, out2d, workspace, counters, rows, k_blocks,
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_N=block_n, BLOCK_B=block_b, ROW_SCALES=row_scales, LOOP=loop,
-        ASM=not interpreting(), num_warps=num_warps,
+        ASM=not interpreting(), FP8=fp8, num_warps=num_warps,
     )
 
 

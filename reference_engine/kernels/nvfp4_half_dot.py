@@ -55,6 +55,38 @@ def _block_dot_asm() -> str:
 
 BLOCK_DOT_ASM = tl.constexpr(_block_dot_asm())
 
+E4M3_FROM_E2M1 = 64.0  # 2^6: an E2M1 code's bits placed in an E4M3 byte (magnitude at 2..4, sign at 7) read E2M1 * 2^-6
+X_PREMULTIPLY = 4.0  # 2^2: x pairs of the E4M3 decode carry this, so its products are E2M1 * 2^-4 * x like the bit-placement decode's
+
+# The E4M3 decode (FP8 on): byte b of a code word holds codes 2b (bits 0..3) and 2b + 1 (bits 4..7). One shift and mask
+# per half places the four even codes' magnitudes at bits 2..4 of each byte, another their signs at bit 7; the odd
+# codes take a right shift (magnitudes) and no shift (signs). `cvt.rn.f16x2.e4m3x2` widens two such bytes to a float16
+# pair: codes (0, 2), (4, 6) from the even word, (1, 3), (5, 7) from the odd one. The x pairs follow that order.
+_E4M3_WORDS = (
+    ("shl.b32 t, {w}, 2;", "shl.b32 u, {w}, 4;"),  # even codes: magnitude bits 0..2 -> 2..4, sign bit 3 -> 7
+    ("shr.b32 t, {w}, 2;", "mov.b32 u, {w};"),  # odd codes: magnitude bits 4..6 -> 2..4, sign already at bit 7
+)
+
+
+def _block_dot_e4m3_asm() -> str:
+    """PTX: $1 the int64 block (16 codes), $2..$9 the x pairs (float16x2, times `X_PREMULTIPLY`) in the E4M3 decode's
+    order -> $0 float32 sum of the 16 products (codes times 2^-4)."""
+    lines = ["{ .reg .b32 w0, w1, t, u, e, d; .reg .b32 acc; .reg .b16 l, h;", "mov.b64 {w0, w1}, $1;"]
+    operand = 2
+    for word in ("w0", "w1"):
+        for mag, sign in _E4M3_WORDS:
+            lines += [mag.format(w=word), "and.b32 t, t, 0x1C1C1C1C;", sign.format(w=word), "and.b32 u, u, 0x80808080;", "or.b32 e, t, u;",
+                      "mov.b32 {l, h}, e;"]
+            for half in ("l", "h"):
+                lines.append(f"cvt.rn.f16x2.e4m3x2 d, {half};")
+                lines.append(f"mul.rn.f16x2 acc, d, ${operand};" if operand == 2 else f"fma.rn.f16x2 acc, d, ${operand}, acc;")
+                operand += 1
+    lines += ["mov.b32 {l, h}, acc;", "add.rn.f16 l, l, h;", "cvt.f32.f16 $0, l; }"]
+    return " ".join(lines)
+
+
+BLOCK_DOT_E4M3_ASM = tl.constexpr(_block_dot_e4m3_asm())
+
 
 @triton.jit
 def _half_pair(low_f32, high_f32, ASM: tl.constexpr):
@@ -65,6 +97,20 @@ def _half_pair(low_f32, high_f32, ASM: tl.constexpr):
         low = low_f32.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         high = high_f32.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
         pair = low | (high << 16)
+    return pair
+
+
+@triton.jit
+def _half_pair_times_4(low_f32, high_f32, ASM: tl.constexpr):
+    """`_half_pair` of the values times `X_PREMULTIPLY` (on the GPU: rounded to float16, then one packed multiply by 4,
+    exact in float16's normal range)."""
+    if ASM:
+        pair = tl.inline_asm_elementwise(
+            "{ .reg .b32 c; mov.b32 c, 0x44004400; cvt.rn.f16x2.f32 $0, $1, $2; mul.rn.f16x2 $0, $0, c; }",
+            "=r,f,f", [high_f32, low_f32], dtype=tl.int32, is_pure=True, pack=1,
+        )
+    else:
+        pair = _half_pair(low_f32 * 4.0, high_f32 * 4.0, False)
     return pair
 
 
@@ -96,10 +142,21 @@ def _block_words(words_ptr, blocks, ok):
 
 
 @triton.jit
-def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr):
+def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr, FP8: tl.constexpr = False):
     """x read as int32 (bfloat16 pairs), at scale blocks `blocks` [BB] (16 elements each) -> the 8 float16x2
-    pairs the block dot takes: word 0's (x[16b + j], x[16b + j + 4]) for j = 0..3, then word 1's (+8)."""
+    pairs the block dot takes: word 0's (x[16b + j], x[16b + j + 4]) for j = 0..3, then word 1's (+8).
+    FP8 (the E4M3 decode's order, times `X_PREMULTIPLY`): (x0, x2), (x4, x6), (x1, x3), (x5, x7), then the same 8 further."""
     x0, x1, x2, x3, x4, x5, x6, x7 = _block_words(x32_ptr, blocks, ok)
+    if FP8:
+        p0 = _half_pair_times_4(_bf16_low(x0), _bf16_low(x1), ASM)  # elements 0, 2
+        p1 = _half_pair_times_4(_bf16_low(x2), _bf16_low(x3), ASM)  # 4, 6
+        p2 = _half_pair_times_4(_bf16_high(x0), _bf16_high(x1), ASM)  # 1, 3
+        p3 = _half_pair_times_4(_bf16_high(x2), _bf16_high(x3), ASM)  # 5, 7
+        p4 = _half_pair_times_4(_bf16_low(x4), _bf16_low(x5), ASM)  # 8, 10
+        p5 = _half_pair_times_4(_bf16_low(x6), _bf16_low(x7), ASM)  # 12, 14
+        p6 = _half_pair_times_4(_bf16_high(x4), _bf16_high(x5), ASM)  # 9, 11
+        p7 = _half_pair_times_4(_bf16_high(x6), _bf16_high(x7), ASM)  # 13, 15
+        return p0, p1, p2, p3, p4, p5, p6, p7
     p0 = _half_pair(_bf16_low(x0), _bf16_low(x2), ASM)  # elements 0, 4
     p1 = _half_pair(_bf16_high(x0), _bf16_high(x2), ASM)  # 1, 5
     p2 = _half_pair(_bf16_low(x1), _bf16_low(x3), ASM)  # 2, 6
@@ -122,11 +179,62 @@ def _pair_products(word, J: tl.constexpr, pair):
 
 
 @triton.jit
-def _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr):
+def _e4m3_bytes(word, ODD: tl.constexpr):
+    """Interpreter form of the E4M3 placement: int32 words of 8 codes -> the float32 values of the 4 bytes (codes
+    0, 2, 4, 6, or with ODD 1, 3, 5, 7), each the E2M1 value times 2^-6, read through float8e4nv as the GPU's cvt does."""
+    if ODD:
+        placed = ((word >> 2) & 0x1C1C1C1C) | (word & -2139062144)  # 0x80808080 as int32
+    else:
+        placed = ((word << 2) & 0x1C1C1C1C) | ((word << 4) & -2139062144)
+    b0 = (placed & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    b1 = ((placed >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    b2 = ((placed >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    b3 = ((placed >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return b0, b1, b2, b3
+
+
+@triton.jit
+def _half_lo(pair):
+    """float32 of the low float16 of int32 pairs."""
+    return (pair & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _half_hi(pair):
+    """float32 of the high float16 of int32 pairs."""
+    return (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e4m3_word_products(word, pe0, pe1, po0, po1):
+    """Interpreter form of one word's 8 products in the E4M3 decode: float32 sum."""
+    e0, e1, e2, e3 = _e4m3_bytes(word, False)
+    o0, o1, o2, o3 = _e4m3_bytes(word, True)
+    total = e0 * _half_lo(pe0) + e1 * _half_hi(pe0) + e2 * _half_lo(pe1) + e3 * _half_hi(pe1)
+    return total + o0 * _half_lo(po0) + o1 * _half_hi(po0) + o2 * _half_lo(po1) + o3 * _half_hi(po1)
+
+
+@triton.jit
+def _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, FP8: tl.constexpr = False):
     """int64 scale blocks [BN, BB] (16 codes each, little-endian) and the x pairs [BB] -> float32 [BN, BB]:
-    each block's 16 products, codes taken as E2M1 * 2^-4 (times `BLOCK_SUM_SCALE` and the scales outside)."""
+    each block's 16 products, codes taken as E2M1 * 2^-4 (times `BLOCK_SUM_SCALE` and the scales outside).
+    FP8: the E4M3 decode (x pairs from `_x_half_pairs` with FP8)."""
     shape: tl.constexpr = (BN, BB)
-    if ASM:
+    if FP8:
+        if ASM:
+            total = tl.inline_asm_elementwise(
+                BLOCK_DOT_E4M3_ASM, "=f,l,r,r,r,r,r,r,r,r",
+                [block, tl.broadcast_to(p0[None, :], shape), tl.broadcast_to(p1[None, :], shape), tl.broadcast_to(p2[None, :], shape),
+                 tl.broadcast_to(p3[None, :], shape), tl.broadcast_to(p4[None, :], shape), tl.broadcast_to(p5[None, :], shape),
+                 tl.broadcast_to(p6[None, :], shape), tl.broadcast_to(p7[None, :], shape)],
+                dtype=tl.float32, is_pure=True, pack=1,
+            )  # fmt: skip
+        else:
+            w0 = (block & 0xFFFFFFFF).to(tl.int32)
+            w1 = (block >> 32).to(tl.int32)
+            total = _e4m3_word_products(w0, p0[None, :], p1[None, :], p2[None, :], p3[None, :])
+            total += _e4m3_word_products(w1, p4[None, :], p5[None, :], p6[None, :], p7[None, :])
+    elif ASM:
         total = tl.inline_asm_elementwise(
             BLOCK_DOT_ASM, "=f,l,r,r,r,r,r,r,r,r",
             [block, tl.broadcast_to(p0[None, :], shape), tl.broadcast_to(p1[None, :], shape), tl.broadcast_to(p2[None, :], shape),
@@ -145,24 +253,26 @@ def _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, BB: tl.c
 
 
 @triton.jit
-def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block0, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr):
+def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block0, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr,
+                   FP8: tl.constexpr = False):
     """Scale blocks block0..block0+BB of rows `rows` [BN] (int64) against x: float32 [BN, BB], each block's
-    sum times its block scale and 2^-4 (the caller sums, and multiplies by `BLOCK_SUM_SCALE` and the tensor scale)."""
+    sum times its block scale and 2^-4 (the caller sums, and multiplies by `BLOCK_SUM_SCALE` and the tensor scale).
+    FP8: the E4M3 decode."""
     cols = block0 + tl.arange(0, BB)
     ok = cols < K_BLOCKS
     tile_ok = row_ok[:, None] & ok[None, :]
     offsets = rows[:, None] * K_BLOCKS + cols[None, :]
     block = tl.load(blocks_ptr + offsets, mask=tile_ok, other=0)  # [BN, BB] int64
     scale = tl.load(scale_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)  # one E4M3 scale per block
-    p0, p1, p2, p3, p4, p5, p6, p7 = _x_half_pairs(x32_ptr, cols, ok, ASM)
-    return _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN, BB, ASM) * scale
+    p0, p1, p2, p3, p4, p5, p6, p7 = _x_half_pairs(x32_ptr, cols, ok, ASM, FP8)
+    return _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN, BB, ASM, FP8) * scale
 
 
 @triton.jit
 def _w4a16_gemv_half_kernel(
     x32_ptr, blocks_ptr, scale_ptr, scale_2_ptr, out_ptr, workspace_ptr, counter_ptr, N, K_BLOCKS,
     STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr,
+    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr, FP8: tl.constexpr = False,
 ):
     """One token: out[n] = sum_k x[k] W[n, k]. Grid (cdiv(N, BLOCK_N), SPLIT_K); BLOCK_B scale blocks
     (16 elements, 8 bytes) per row per step.
@@ -183,13 +293,13 @@ def _w4a16_gemv_half_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_B), dtype=tl.float32)  # summed over K once, after the loop
     if LOOP == 1:  # unrolled: every step's loads may be issued before the first block dot
         for step in tl.static_range(STEPS_PER_SPLIT):
-            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM)
+            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8)
     elif LOOP > 1:
         for step in tl.range(STEPS_PER_SPLIT, num_stages=LOOP):
-            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM)
+            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8)
     else:
         for step in range(STEPS_PER_SPLIT):
-            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM)
+            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8)
     acc = tl.sum(acc, axis=1) * scale_2
     if SPLIT_K == 1:
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)

@@ -11,7 +11,8 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
      "small_m_gemm": [{"block_m": 32, "rows": 2048, "k": 4096, "config": [64, 4, 16]}, ...],
      "moe_grouped_decode": {"min_tokens": 16, "gate_up_block_n": 32, ...the other GroupedPlan fields}}
 
-GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1). The MoE
+GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1, 3 for those pairs
+with the codes widened through E4M3, `nvfp4_half_dot`'s FP8 decode; the MoE settings' `WORDS` the same). The MoE
 settings' `DOWN_SPLIT` is the programs a token's down slots are dealt over; `gdn_step_split` the programs per split GDN
 decode head, `gdn_step_fused_conv` 1 the step in one launch (the conv inside the recurrent kernel;
 `benchmarks/kernels/time_gdn_fused_conv.py`) at every batch, `gdn_step_fused_conv_max_batch` up to that batch.
@@ -85,7 +86,7 @@ class MoeSettings(BaseModel):
     GATE_UP_BLOCK_K: int = Field(ge=16, le=2048)
     DOWN_BLOCK_H: int = Field(ge=1, le=128)
     DOWN_BLOCK_I: int = Field(ge=16, le=2048)
-    WORDS: int = Field(default=0, ge=0, le=2)
+    WORDS: int = Field(default=0, ge=0, le=3)  # 3: packed float16 pairs with the E4M3 decode
     DOWN_SPLIT: int = Field(default=1, ge=1, le=16)
 
 
@@ -127,6 +128,7 @@ class MoeGroupedHalfSettings(BaseModel):
     down_block_b: int = Field(default=8, ge=1, le=64)
     num_warps: int = Field(default=4, ge=1, le=16)
     pairs: int = Field(default=0, ge=0, le=1)  # x and the activation converted once into float16 pairs
+    fp8: int = Field(default=0, ge=0, le=1)  # codes widened through E4M3 (`nvfp4_half_dot`'s FP8 decode)
 
 
 class MoePersistentSettings(BaseModel):
@@ -151,7 +153,7 @@ class TuningFile(BaseModel):
     nvfp4_gemv: list[GemvEntry] = []
     moe_decode: MoeSettings | None = None
     moe_decode_batch_one: MoeSettings | None = None  # one token (the tiles that fill the GPU at batch 1 differ)
-    gemv_words: int | None = Field(default=None, ge=0, le=2)
+    gemv_words: int | None = Field(default=None, ge=0, le=3)
     gemm_min_tokens: int | None = Field(default=None, ge=2, le=65)
     gdn_step_split_below: int | None = Field(default=None, ge=0)  # split GDN decode heads below this many (row, head) pairs (0: never)
     gdn_step_split: int | None = Field(default=None, ge=2, le=32)  # programs per split head

@@ -95,10 +95,10 @@ for T in (1, 3):
         expected, expected_ids = block_reference(x, rw)
         results = {}
         for name, op, words, split in (("triton", moe_decode.moe_block_decode, 0, 1), ("triton words", moe_decode.moe_block_decode, 1, 1),
-                                       ("triton half", moe_decode.moe_block_decode, 2, 1),
+                                       ("triton half", moe_decode.moe_block_decode, 2, 1), ("triton half e4m3", moe_decode.moe_block_decode, 3, 1),
                                        ("triton split 2", moe_decode.moe_block_decode, 2, 2), ("triton split 3", moe_decode.moe_block_decode, 0, 3),
                                        ("torch", static_moe.moe_block_decode, 0, 1)):  # fmt: skip
-            # WORDS 1: int32 word reads, two codes per shift and mask; 2: packed float16 pairs (bf16 x).
+            # WORDS 1: int32 word reads, two codes per shift and mask; 2: packed float16 pairs (bf16 x); 3: those with the E4M3 decode.
             # DOWN_SPLIT: the K + 1 down slots dealt over that many programs per row block (split 2: {0, shared}, {1}).
             moe_decode.WORDS, moe_decode.DOWN_SPLIT = words, split
             out = torch.full((T, H), float("nan"), dtype=dtype)
@@ -110,6 +110,7 @@ for T in (1, 3):
             assert error < BOUND[dtype], (T, dtype, name, error)
         assert rel(results["triton words"], results["triton"]) < 1e-5, (T, dtype, "word reads change the result")
         assert rel(results["triton half"], results["triton"]) < 1e-5, (T, dtype, "packed float16 pairs change the result")
+        assert rel(results["triton half e4m3"], results["triton"]) < 1e-5, (T, dtype, "the E4M3 decode changes the result")
         for split in (2, 3):  # the ticket-ordered sum over parts: same value up to float32 summation order
             assert rel(results[f"triton split {split}"], results["triton"]) < 1e-5, (T, dtype, split)
         assert int(launch._TICKETS[x.device].abs().sum()) == 0, "a split left its tickets behind"
@@ -344,13 +345,13 @@ def test_wrappers_reject_bad_shapes():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize(("words", "split"), [(0, 1), (1, 1), (2, 1), (2, 9), (2, 3), (0, 2)])
+@pytest.mark.parametrize(("words", "split"), [(0, 1), (1, 1), (2, 1), (2, 9), (2, 3), (0, 2), (3, 1), (3, 9)])
 @pytest.mark.parametrize("tokens", [1, 3, 64])
 def test_triton_block_matches_the_torch_op_on_cuda_at_the_real_shape(tokens, words, split, monkeypatch):
     from reference_engine.kernels import moe_decode
     from reference_engine.kernels.moe_decode import moe_block_decode
 
-    monkeypatch.setattr(moe_decode, "WORDS", words)  # 1: int32 word reads decoded in PTX; 2: packed float16 pairs
+    monkeypatch.setattr(moe_decode, "WORDS", words)  # 1: int32 word reads decoded in PTX; 2: packed float16 pairs; 3: with the E4M3 decode
     monkeypatch.setattr(moe_decode, "DOWN_SPLIT", split)  # the down slots over `split` programs per row block
     monkeypatch.setattr(moe_decode, "BATCH_ONE", None)  # the module settings above at one token too
     from reference_engine.ops import static_moe

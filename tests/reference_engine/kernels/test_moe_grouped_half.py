@@ -80,6 +80,11 @@ converted = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.Hal
 assert torch.equal(converted, grouped), "x and act converted once (pairs 1) differ from the conversion per program"
 converted = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(pairs=1, gate_up_block_n=8, gate_up_block_b=2))
 assert rel(converted, grouped) < 1e-5, "pairs 1 with 8 gate/up rows per program"
+# The E4M3 decode (fp8 1): the same products in another pair order, x and act pairs times 4; with pairs 1 the same bits.
+widened = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(fp8=1))
+assert rel(widened, grouped) < 1e-5, ("fp8 1 computes another function", rel(widened, grouped))
+widened_pairs = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(fp8=1, pairs=1, gate_up_block_n=8))
+assert torch.equal(widened_pairs, widened), "fp8 with x and act converted once differs from the conversion per program"
 print("ok")
 """
 
@@ -160,7 +165,9 @@ def test_half_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
     try:
         outs = []
         for op, plan in ((moe_decode.nvfp4_experts_with_shared, None), (half.half_grouped_experts_with_shared, half.HalfGroupedPlan()),
-                         (half.half_grouped_experts_with_shared, half.HalfGroupedPlan(pairs=1))):  # fmt: skip
+                         (half.half_grouped_experts_with_shared, half.HalfGroupedPlan(pairs=1)),
+                         (half.half_grouped_experts_with_shared, half.HalfGroupedPlan(fp8=1)),
+                         (half.half_grouped_experts_with_shared, half.HalfGroupedPlan(fp8=1, pairs=1))):  # fmt: skip
             out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
             op(x, weights, ids, experts, shared, out, **({} if plan is None else {"plan": plan}))
             outs.append(out)
@@ -170,3 +177,6 @@ def test_half_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
     error = float((outs[1].double() - outs[0].double()).norm() / outs[0].double().norm())
     assert error < 1e-3, error
     assert torch.equal(outs[2], outs[1]), "x and act converted once (pairs 1) give other bits than the conversion per program"
+    widened = float((outs[3].double() - outs[0].double()).norm() / outs[0].double().norm())  # the E4M3 decode (fp8 1)
+    assert torch.isfinite(outs[3]).all() and widened < 1e-3, widened
+    assert torch.equal(outs[4], outs[3]), "fp8 with x and act converted once gives other bits than the conversion per program"

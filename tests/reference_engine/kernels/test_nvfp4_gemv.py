@@ -56,7 +56,10 @@ for tokens, config in ((1, (1, 16, 64, 2, 4, 0, 1)), (3, (4, 8, 32, 1, 4, 1, 1))
 # Packed float16 pairs (WORDS 2: one bfloat16 token, int64 scale blocks; the interpreter runs its integer
 # form) against the byte-read kernel, with split-K (reduced in-kernel by the last program of a row block),
 # per-row tensor scales, N not a multiple of the row block and the K loop plain, pipelined or unrolled; a float32 token falls back to word reads. Known-wrong: nibbles swapped.
-for config in ((1, 16, 64, 2, 4, 0, 2), (1, 32, 32, 1, 4, 3, 2), (1, 64, 16, 4, 4, 0, 2), (1, 16, 64, 2, 4, 1, 2)):  # the last unrolled
+# WORDS 3: the same pairs with the codes widened through E4M3 (the interpreter places the bits as the PTX does and reads
+# them through float8e4nv).
+for config in ((1, 16, 64, 2, 4, 0, 2), (1, 32, 32, 1, 4, 3, 2), (1, 64, 16, 4, 4, 0, 2), (1, 16, 64, 2, 4, 1, 2),  # the last unrolled
+               (1, 16, 64, 2, 4, 0, 3), (1, 32, 32, 1, 4, 3, 3), (1, 64, 16, 4, 4, 1, 3)):
     for scale_2_in in (scale_2, torch.rand(40, generator=g) + 0.5):
         x = torch.randn(1, 1024, generator=g).bfloat16()
         byte_out = torch.full((1, 40), float("nan"))
@@ -108,12 +111,12 @@ def test_contract_catches_known_wrong_kernel(records, wrong):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(("tokens", "rows", "columns"), [(1, 512, 2048), (1, 8192, 2048), (4, 2048, 4096), (32, 1024, 2048), (64, 4096, 2048), (65, 512, 2048)])
-@pytest.mark.parametrize("words", [0, 1, 2])
+@pytest.mark.parametrize("words", [0, 1, 2, 3])
 def test_matches_the_torch_op_on_cuda(tokens, rows, columns, words, monkeypatch):
     from reference_engine.kernels import nvfp4_gemv
     from reference_engine.kernels.nvfp4_gemv import w4a16_linear as triton_linear
 
-    monkeypatch.setattr(nvfp4_gemv, "WORDS", words)  # 1: int32 word reads decoded in PTX; 2: packed float16 pairs (batch 1)
+    monkeypatch.setattr(nvfp4_gemv, "WORDS", words)  # 1: int32 word reads decoded in PTX; 2: packed float16 pairs (batch 1); 3: with the E4M3 decode
     monkeypatch.setattr(nvfp4_gemv, "TUNED", {})
     from reference_engine.quant.linear import w4a16_linear as torch_linear
     from reference_engine.quant.nvfp4 import quantize_nvfp4
