@@ -55,8 +55,7 @@ def gemv_rows(tuning_data: dict, records: list) -> None:
             continue
         cols = 2 * k_bytes
         packed, scale, scale_2 = quantize_nvfp4(torch.randn(rows, cols, device="cuda") * cols**-0.5)
-        scale_2 = scale_2.reshape(1).expand(rows).contiguous()  # one tensor scale per row, as the stacked linears
-        nbytes = packed.numel() + scale.numel() + 4 * rows
+        nbytes = packed.numel() + scale.numel() + 4
         weights = [(packed, scale, scale_2)] + [(packed.clone(), scale.clone(), scale_2) for _ in range(copies_for(nbytes) - 1)]
         x = torch.randn(1, cols, device="cuda").bfloat16()
         expected = torch.empty(1, rows, device="cuda", dtype=torch.bfloat16)

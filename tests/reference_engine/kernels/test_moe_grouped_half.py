@@ -161,13 +161,14 @@ def test_half_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
     experts, shared, x, ids, weights = real_decode_inputs(tokens)
     ids[: tokens // 2, 0] = 7  # one busy expert: chunks of 4 and a short last one (a repeated id in a row is summed twice)
     saved = moe_decode.WORDS
-    moe_decode.WORDS = 2  # the per-pair packed float16 path: the same block products
     try:
         outs = []
-        for op, plan in ((moe_decode.nvfp4_experts_with_shared, None), (half.half_grouped_experts_with_shared, half.HalfGroupedPlan()),
-                         (half.half_grouped_experts_with_shared, half.HalfGroupedPlan(pairs=1)),
-                         (half.half_grouped_experts_with_shared, half.HalfGroupedPlan(fp8=1)),
-                         (half.half_grouped_experts_with_shared, half.HalfGroupedPlan(fp8=1, pairs=1))):  # fmt: skip
+        for words, op, plan in ((2, moe_decode.nvfp4_experts_with_shared, None), (2, half.half_grouped_experts_with_shared, half.HalfGroupedPlan()),
+                                (2, half.half_grouped_experts_with_shared, half.HalfGroupedPlan(pairs=1)),
+                                (3, half.half_grouped_experts_with_shared, half.HalfGroupedPlan(fp8=1)),
+                                (3, half.half_grouped_experts_with_shared, half.HalfGroupedPlan(fp8=1, pairs=1)),
+                                (3, moe_decode.nvfp4_experts_with_shared, None)):  # fmt: skip
+            moe_decode.WORDS = words  # the per-pair packed float16 path (3: with the E4M3 decode): the same block products
             out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
             op(x, weights, ids, experts, shared, out, **({} if plan is None else {"plan": plan}))
             outs.append(out)
@@ -177,6 +178,6 @@ def test_half_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
     error = float((outs[1].double() - outs[0].double()).norm() / outs[0].double().norm())
     assert error < 1e-3, error
     assert torch.equal(outs[2], outs[1]), "x and act converted once (pairs 1) give other bits than the conversion per program"
-    widened = float((outs[3].double() - outs[0].double()).norm() / outs[0].double().norm())  # the E4M3 decode (fp8 1)
+    widened = float((outs[3].double() - outs[5].double()).norm() / outs[5].double().norm())  # the E4M3 decode: grouped vs per pair
     assert torch.isfinite(outs[3]).all() and widened < 1e-3, widened
     assert torch.equal(outs[4], outs[3]), "fp8 with x and act converted once gives other bits than the conversion per program"

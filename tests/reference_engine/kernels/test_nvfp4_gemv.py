@@ -131,3 +131,25 @@ def test_matches_the_torch_op_on_cuda(tokens, rows, columns, words, monkeypatch)
     triton_linear(x, packed, scale, scale_2, out)
     error = float((out.double() - expected.double()).norm() / expected.double().norm())
     assert error < 5e-3, error
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("rows", "columns"), [(12288, 2048), (2048, 4096)])
+def test_e4m3_decode_is_as_accurate_as_the_bit_placement_on_cuda(rows, columns):
+    """Batch-1 packed float16 pairs, WORDS 2 (bit placement) and 3 (E4M3 decode), float32 outputs against float64 sums
+    of the dequantised weights: the E4M3 decode forms the same products (E2M1 * 2^-6 times 4x) and sums them in float16
+    in another order, so its error must be of the same size; a wrong code, pair or half would be orders of magnitude off."""
+    from reference_engine.kernels import nvfp4_gemv
+    from reference_engine.quant.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+
+    generator = torch.Generator().manual_seed(rows)
+    packed, scale, scale_2 = (t.cuda() for t in quantize_nvfp4(torch.randn(rows, columns, generator=generator) * columns**-0.5))
+    x = torch.randn(1, columns, generator=generator).to(torch.bfloat16).cuda()
+    exact = x.double() @ dequantize_nvfp4(packed, scale, scale_2, torch.float32).double().T
+    errors = {}
+    for words in (2, 3):
+        out = torch.full((1, rows), float("nan"), dtype=torch.float32, device="cuda")
+        nvfp4_gemv.launch_w4a16_gemv(x, packed, scale, scale_2, out, config=(1, 64, 64, 4, 4, 0, words))
+        errors[words] = float((out.double() - exact).norm() / exact.norm())
+    print(errors)
+    assert errors[2] < 2e-3 and errors[3] < 1.5 * errors[2] + 1e-5, errors
