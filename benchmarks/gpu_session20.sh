@@ -3,7 +3,8 @@
 # PHASE=e4m3 (about 500 s on an H100): CUDA tests of the E4M3 decode (GEMV WORDS 3, MoE block WORDS 3, grouped half fp8), then
 #   `time_e4m3_decode.py` (writes $OUT/$NAME-tuning.json with the settings that won), then with time left a short bench
 #   (no peer, batches 1 and 32, 64 tokens) on that tuning ($NAME-e4m3) and one on the committed tuning ($NAME-base), in that order.
-# PHASE=bench (about 220 s): the full bench with the peer on the committed tuning (the headline; an H200 first).
+# PHASE=bench (about 220 s): the full bench with the peer on the committed tuning (the headline; an H200 first); with
+#   GROUPED_PLANS (names of `time_moe_grouped_half.PLANS`) and time left, those grouped-half plans at 16, 32 and 64 tokens.
 # PHASE=timing (about 300 s): the side-stream CUDA test, then the GDN b/a side stream timed at batches 1, 8 and 32.
 # Copy a tuning file back into the repository only after reading the logs.
 set -u
@@ -43,6 +44,11 @@ if [ "$PHASE" = bench ]; then
   timeout "${BENCH_S:-400}" python3 -m toolbox.cli engine bench --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" > "$OUT/$NAME-bench.log" 2>&1
   echo "bench rc=$? (1: gate failed, 124: out of time)"; grep -E "^\| (TTFT|TPOT|output)" "$OUT/$NAME.md" 2>/dev/null
   grep -E "^Batch-1 decode step|^Total over|^Peer" "$OUT/$NAME.md" 2>/dev/null | cut -c1-200
+  if [ -n "${GROUPED_PLANS:-}" ] && [ "$SECONDS" -lt "${GROUPED_BEFORE_S:-380}" ]; then  # the grouped half tiles with the E4M3 decode
+    timeout "${GROUPED_S:-200}" python3 benchmarks/kernels/time_moe_grouped_half.py "$OUT/$NAME-grouped-half.json" --tokens 16,32,64 \
+        --plans "$GROUPED_PLANS" --tuning "$TUNING" "$OUT/$NAME-grouped-tuning.json" > "$OUT/$NAME-grouped-half.log" 2>&1
+    echo "grouped half rc=$?"; grep -E "^T=|best plan|wrote|Error" "$OUT/$NAME-grouped-half.log" | cut -c1-200
+  fi
   exit 0
 fi
 timeout "${TEST_S:-90}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/kernels/test_side_stream.py > "$OUT/$NAME-pytest.log" 2>&1

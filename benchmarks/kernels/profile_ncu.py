@@ -23,7 +23,7 @@ from time_moe_decode import TOP_K, H, layer, quantized
 
 from reference_engine.kernels import gdn_decode_step, moe_decode
 from reference_engine.kernels.nvfp4_gemv import launch_w4a16_gemv
-from reference_engine.kernels.tuning import apply_for_device
+from reference_engine.kernels.tuning import apply_for_cuda
 
 
 def gemv_calls() -> list:
@@ -63,7 +63,7 @@ def gdn_call():
 
 def main() -> None:
     torch.manual_seed(0)
-    apply_for_device(torch.cuda.get_device_name())
+    apply_for_cuda()
     calls = gemv_calls() + moe_calls() + [gdn_call()]
     for call in calls:
         call()

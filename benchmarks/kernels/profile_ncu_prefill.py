@@ -21,11 +21,11 @@ from time_gdn_prefill import inputs
 from time_moe_prefill import EXPERTS, HIDDEN, TOP_K, stacked_experts
 
 from reference_engine.kernels import gdn_chunked_prefill, nvfp4_gemm
-from reference_engine.kernels.tuning import apply_for_device
+from reference_engine.kernels.tuning import apply_for_cuda
 
 
 def main() -> None:
-    apply_for_device(torch.cuda.get_device_name())
+    apply_for_cuda()
     tokens = 1024
     experts = stacked_experts()
     x = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()

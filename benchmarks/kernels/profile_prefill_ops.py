@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 from reference_engine import presets
 from reference_engine.config import EngineConfig
 from reference_engine.engine import LLMEngine
-from reference_engine.kernels.tuning import apply_for_device
+from reference_engine.kernels.tuning import apply_for_cuda
 from reference_engine.sampling_params import SamplingParams
 from reference_engine.tokenizer import tiny_tokenizer
 
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=("eager", "static"), default="eager",
                         help="eager: the bench's per-kernel prefill table; static: the padded path that prefill graphs capture")
     args = parser.parse_args()
-    apply_for_device(torch.cuda.get_device_name())
+    apply_for_cuda()
     presets.PRESETS["profile_layers"] = dataclasses.replace(presets.FULL, num_hidden_layers=args.layers, layer_types=())
     model = presets.build_preset("profile_layers", device="cuda", dtype=torch.bfloat16, quantize="nvfp4", seed=0)
     config = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=1, max_model_len=args.tokens + 8,

@@ -20,7 +20,7 @@ import torch
 
 from reference_engine.bench.timing import graph_seconds
 from reference_engine.kernels import nvfp4_dequant, nvfp4_gemv
-from reference_engine.kernels.tuning import apply_for_device
+from reference_engine.kernels.tuning import apply_for_cuda
 from reference_engine.quant.linear import w4a16_linear as torch_linear
 from reference_engine.quant.nvfp4 import quantize_nvfp4
 
@@ -31,7 +31,7 @@ PATHS = {"tensor-core GEMM": None, "bf16 copy + cuBLAS": 65}  # nvfp4_dequant.MI
 
 
 def main(path: str, tuning_path: str | None) -> None:
-    apply_for_device(torch.cuda.get_device_name())  # the committed GEMM tiles and decode
+    apply_for_cuda()  # the committed GEMM tiles and decode
     torch.manual_seed(0)
     records = []
     for name, (rows, cols) in SHAPES.items():

@@ -26,7 +26,7 @@ import torch
 
 from reference_engine.bench.timing import graph_seconds
 from reference_engine.kernels import nvfp4_gemm
-from reference_engine.kernels.tuning import apply_for_device, device_file
+from reference_engine.kernels.tuning import apply_for_cuda, device_file
 from reference_engine.quant import linear as torch_linear
 from reference_engine.quant.nvfp4 import quantize_nvfp4
 
@@ -158,7 +158,7 @@ def small_batches(records: list, decode: int, grid: bool = True) -> list[dict]:
 
 def main(path: str, tuning_out: str | None, grid: bool = True) -> None:
     torch.manual_seed(0)
-    apply_for_device(torch.cuda.get_device_name())  # the committed decode-batch tiles ("auto" plans)
+    apply_for_cuda()  # the committed decode-batch tiles ("auto" plans)
     records: list = []
     totals = prefill(records)
     moe_totals = moe(records)

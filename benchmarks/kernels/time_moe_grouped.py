@@ -26,7 +26,7 @@ from time_moe_decode import CALLS, COPIES, TOP_K, H, layer
 from reference_engine.bench.timing import graph_seconds
 from reference_engine.kernels import moe_decode, moe_grouped_decode
 from reference_engine.kernels.moe_grouped_decode import GroupedPlan
-from reference_engine.kernels.tuning import apply_for_device, device_file
+from reference_engine.kernels.tuning import apply_for_cuda, device_file
 from reference_engine.ops import static_moe
 
 TOKENS = (2, 4, 8, 16, 32, 64)
@@ -70,7 +70,7 @@ def time_plan(label: str, tokens: int, layers: list, xs: list, outs: list, expec
 
 def main(path: str, tuning_out: str | None) -> None:
     torch.manual_seed(0)
-    apply_for_device(torch.cuda.get_device_name())  # the committed settings the engine runs (per-pair tiles, router)
+    apply_for_cuda()  # the committed settings the engine runs (per-pair tiles, router)
     layers = [layer() for _ in range(COPIES)]
     records = []
     per_pair: dict[int, float] = {}

@@ -26,7 +26,7 @@ from time_moe_grouped import time_block, time_plan
 
 from reference_engine.kernels import moe_grouped_decode, moe_grouped_half
 from reference_engine.kernels.moe_grouped_decode import GroupedPlan
-from reference_engine.kernels.tuning import apply_for_device
+from reference_engine.kernels.tuning import apply_for_cuda
 from reference_engine.ops import static_moe
 
 TOKENS = (8, 16, 32, 64)
@@ -53,7 +53,7 @@ def _win_range(tokens_list: tuple[int, ...], wins: list[int]) -> int | None:
 
 def main(path: str, tuning_in: str | None, tuning_out: str | None, tokens_list: tuple[int, ...] = TOKENS) -> None:
     torch.manual_seed(0)
-    apply_for_device(torch.cuda.get_device_name())
+    apply_for_cuda()
     committed_grouped = moe_grouped_decode.MIN_TOKENS, moe_grouped_decode.PLAN
     committed_half = moe_grouped_half.MIN_TOKENS, moe_grouped_half.MAX_TOKENS
     layers = [layer() for _ in range(COPIES)]

@@ -23,7 +23,7 @@ import torch
 
 from reference_engine import presets
 from reference_engine.bench.timing import graph_seconds
-from reference_engine.kernels.tuning import apply_for_device
+from reference_engine.kernels.tuning import apply_for_cuda
 from reference_engine.ops.dense_linear import aligned_linear
 
 CALLS = 8
@@ -42,7 +42,7 @@ def _timed(call) -> float:
 
 
 def main(path: str, tokens: int) -> None:
-    apply_for_device(torch.cuda.get_device_name())
+    apply_for_cuda()
     presets.PRESETS["four_layers"] = dataclasses.replace(presets.FULL, num_hidden_layers=4, layer_types=())
     model = presets.build_preset("four_layers", device="cuda", dtype=torch.bfloat16, quantize="nvfp4", seed=0)
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_decode_pieces import timed
 
 from reference_engine.kernels import router
-from reference_engine.kernels.tuning import apply_for_device
+from reference_engine.kernels.tuning import apply_for_cuda
 
 ROWS = (1, 2, 4, 8)
 WARPS = (1, 2, 4, 8)
@@ -32,7 +32,7 @@ MIN_GAIN = 1.03
 
 
 def main(path: str, tuning_in: str | None, tuning_out: str | None) -> None:
-    apply_for_device(torch.cuda.get_device_name())
+    apply_for_cuda()
     committed = router.ROUTER_ROWS, router.ROUTER_WARPS
     batches = [b for b in (1, 2, 4, 8) if b <= router.FUSED_ROUTER_MAX_TOKENS] or [1]
     copies = 64
