@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels import moe_grouped_decode, moe_grouped_half, router
+from reference_engine.kernels import moe_grouped_decode, moe_grouped_half, norms, router
 from reference_engine.kernels.launch import (
     cdiv,
     finish,
@@ -60,6 +60,7 @@ from reference_engine.ops.moe import (
     _require,
     check_routed_experts,
 )
+from reference_engine.ops.norms import AddNorm
 from reference_engine.ops.registry import satisfies
 from reference_engine.ops.static_moe import (
     SharedNvfp4Expert,
@@ -457,6 +458,39 @@ def moe_block_decode(
     No host synchronisation: the expert ids come from the router kernel, in range by construction."""
     check_moe_block_decode(x, router_weight, experts, shared, top_k, out)
     require_launchable(x, router_weight, out)
+    _block(x, router_weight, experts, shared, top_k, out)
+
+
+def folds_norm(x: torch.Tensor, router_weight: torch.Tensor) -> bool:
+    """True when `moe_block_decode_add_norm` hands the norm to the fused router launch (`router.ADD_NORM`)."""
+    num_tokens, hidden = x.shape
+    return (router.ADD_NORM and num_tokens <= router.FUSED_ROUTER_MAX_TOKENS and not (PERSISTENT and num_tokens == 1)
+            and x.is_contiguous() and router_weight.is_contiguous() and next_power_of_2(hidden) <= router.ROUTER_BLOCK_H)  # fmt: skip
+
+
+def moe_block_decode_add_norm(
+    x: torch.Tensor,  # [T, H]: the mixer's output, not yet added to the residual stream
+    add_norm: AddNorm,
+    router_weight: torch.Tensor,  # [E+1, H]
+    experts: StackedNvfp4Experts,
+    shared: SharedNvfp4Expert,
+    top_k: int,
+    out: torch.Tensor,  # [T, H]
+) -> None:
+    """`ops.static_moe.moe_block_decode_add_norm`: the norm before the block, then the block. Where `folds_norm`, the
+    fused router launch does the norm (router module docstring): one launch less; else the norm kernel, then the block."""
+    add_norm.check(x)
+    check_moe_block_decode(x, router_weight, experts, shared, top_k, out)
+    require_launchable(x, router_weight, out, add_norm.residual, add_norm.weight, add_norm.out, add_norm.residual_out)
+    if folds_norm(x, router_weight):
+        _block(add_norm.out, router_weight, experts, shared, top_k, out, router_x=x, add_norm=add_norm)
+        return
+    add_norm.apply(x, norms.fused_add_rms_norm)
+    _block(add_norm.out, router_weight, experts, shared, top_k, out)
+
+
+def _block(x, router_weight, experts, shared, top_k, out, router_x=None, add_norm=None) -> None:
+    """The block on normed x; with `add_norm` the fused router reads `router_x` (un-normed) and writes x itself."""
     num_tokens = x.shape[0]
     if PERSISTENT and num_tokens == 1:  # the whole block in one persistent launch (tuning key `moe_block_persistent`)
         from reference_engine.kernels import (
@@ -469,8 +503,11 @@ def moe_block_decode(
     topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
     if num_tokens <= router.FUSED_ROUTER_MAX_TOKENS and x.is_contiguous() and router_weight.is_contiguous():
         prefetch = experts if router.PREFETCH_EXPERTS and not interpreting() else None  # selected experts into L2 (tuning)
-        router_gemv_topk_with_shared(x, router_weight, topk_weights, topk_ids, top_k, prefetch=prefetch)  # logits and top-k, one launch
+        router_gemv_topk_with_shared(x if add_norm is None else router_x, router_weight, topk_weights, topk_ids, top_k, prefetch=prefetch,
+                                     add_norm=add_norm)  # logits and top-k (and the norm before the block), one launch
     else:
+        if add_norm is not None:  # `folds_norm` chose the fused router: its conditions are this branch's
+            raise AssertionError("the norm was handed to a router launch that does not run")
         logits = aligned_linear(x, router_weight)  # [T, E+1]; over the zero rows past E+1 where the storage holds them
         router_topk_with_shared(logits, topk_weights, topk_ids, top_k)
     if moe_grouped_half.runs(num_tokens, x.dtype):  # each expert decoded once per chunk of up to 4 of its tokens, CUDA cores

@@ -17,6 +17,12 @@ in float32. Output rows are then top_k+1 wide.
 The fused launch (`router_gemv_topk_with_shared`) can also start a bulk L2 prefetch of the selected experts' weights
 from the program that finishes a token's top-k (`PREFETCH_EXPERTS`, tuning key `moe_expert_prefetch`; off, not yet
 timed on a GPU).
+
+With an `AddNorm` (`ADD_NORM`, tuning key `router_add_norm`) the fused launch also does the fused add + RMSNorm that
+precedes the block: every program reads the token's un-normed input x and the residual (H values each, one step),
+forms residual_out = x + residual rounded to x's dtype, its RMSNorm times (1 + w) rounded likewise, and computes its
+logits rows from that; program 0 of the token stores both rows for the expert launches that follow. The arithmetic is
+the norm kernel's (`norms._rms_norm_kernel`, FUSED_ADD) in the same order, so a decode MoE block needs one launch less.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from reference_engine.kernels.launch import (
     require_launchable,
     ticket_counters,
 )
+from reference_engine.kernels.norms import _round_to_bf16
 from reference_engine.ops.moe import _check_out, _require, check_router_with_shared
+from reference_engine.ops.norms import AddNorm
 from reference_engine.ops.registry import satisfies
 
 
@@ -144,19 +152,66 @@ def _router_logits_rows(x_row, w_ptr, logits_row, block, E, H: tl.constexpr, BLO
 
 
 @triton.jit
+def _router_logits_rows_of(xv, w_ptr, logits_row, block, E, H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr):
+    """`_router_logits_rows` for an x row already in registers (xv [BLOCK_H] float32, BLOCK_H >= H: one step)."""
+    rows = block * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = rows <= E
+    cols = tl.arange(0, BLOCK_H)
+    ok = cols < H
+    w = tl.load(w_ptr + rows[:, None].to(tl.int64) * H + cols[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
+    acc = tl.zeros((BLOCK_R, BLOCK_H), dtype=tl.float32)
+    acc += w.to(tl.float32) * xv[None, :]
+    logits = tl.sum(acc, axis=1)
+    tl.store(logits_row + rows, logits.to(logits_row.dtype.element_ty), mask=row_ok)
+
+
+@triton.jit
+def _add_norm_row(x_row, residual_row, norm_w_ptr, normed_row, residual_out_row, eps, store, H: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BF16: tl.constexpr):
+    """One token's fused add + RMSNorm as `norms._rms_norm_kernel` computes it (FUSED_ADD): returns the normed row
+    [BLOCK_H] float32, already rounded to x's dtype; with `store`, writes it and the rounded sum as well."""
+    cols = tl.arange(0, BLOCK_H)
+    ok = cols < H
+    total = tl.load(x_row + cols, mask=ok, other=0.0).to(tl.float32) + tl.load(residual_row + cols, mask=ok, other=0.0).to(tl.float32)
+    if BF16:
+        total = _round_to_bf16(total)
+    else:
+        total = total.to(x_row.dtype.element_ty).to(tl.float32)
+    weight = tl.load(norm_w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    normed = total * tl.rsqrt(tl.sum(total * total, axis=0) / H + eps)
+    y = normed * (1.0 + weight)
+    if BF16:
+        y = _round_to_bf16(y)
+    else:
+        y = y.to(x_row.dtype.element_ty).to(tl.float32)
+    if store:
+        tl.store(residual_out_row + cols, total.to(residual_out_row.dtype.element_ty), mask=ok)
+        tl.store(normed_row + cols, y.to(normed_row.dtype.element_ty), mask=ok)
+    return y
+
+
+@triton.jit
 def _router_gemv_topk_kernel(
     x_ptr, w_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, E, H: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, ROW_BLOCKS: tl.constexpr,
     gate_up_base=0, gate_up_scale_base=0, down_base=0, down_scale_base=0, record_ptr=None,
     PREFETCH: tl.constexpr = 0, GU_BYTES: tl.constexpr = 0, GUS_BYTES: tl.constexpr = 0, D_BYTES: tl.constexpr = 0, DS_BYTES: tl.constexpr = 0,
     CHUNK: tl.constexpr = 65536, NCH_GU: tl.constexpr = 1, NCH_GUS: tl.constexpr = 1, NCH_D: tl.constexpr = 1, NCH_DS: tl.constexpr = 1,
+    residual_ptr=None, norm_w_ptr=None, normed_ptr=None, residual_out_ptr=None, eps=1e-6, ADD_NORM: tl.constexpr = False,
+    BF16: tl.constexpr = False, NORM_WRITER: tl.constexpr = 0,
 ):
     """Router logits and the top-k with the shared slot in one launch. Grid (ROW_BLOCKS, T): program (r, t)
     computes logits rows r*BLOCK_R.. of token t (float32 sums over H, rounded to x's dtype as F.linear
     returns them) into `logits [T, E+1]`, then takes a ticket from the token's counter; the program that
-    draws the last one runs `_topk_row` over the finished row and puts the counter back to zero."""
+    draws the last one runs `_topk_row` over the finished row and puts the counter back to zero. ADD_NORM: x is the
+    un-normed input; each program normalises the token's row itself (module docstring), program NORM_WRITER stores it."""
     token = tl.program_id(1).to(tl.int64)
-    _router_logits_rows(x_ptr + token * H, w_ptr, logits_ptr + token * (E + 1), tl.program_id(0), E, H, BLOCK_R, BLOCK_H)
+    if ADD_NORM:
+        xv = _add_norm_row(x_ptr + token * H, residual_ptr + token * H, norm_w_ptr, normed_ptr + token * H, residual_out_ptr + token * H,
+                           eps, tl.program_id(0) == NORM_WRITER, H, BLOCK_H, BF16)  # fmt: skip
+        _router_logits_rows_of(xv, w_ptr, logits_ptr + token * (E + 1), tl.program_id(0), E, H, BLOCK_R, BLOCK_H)
+    else:
+        _router_logits_rows(x_ptr + token * H, w_ptr, logits_ptr + token * (E + 1), tl.program_id(0), E, H, BLOCK_R, BLOCK_H)
     tl.debug_barrier()  # every thread's logits are stored before the ticket is taken (release, GPU scope)
     ticket = tl.atomic_add(counter_ptr + token, 1, sem="acq_rel", scope="gpu")
     if ticket == ROW_BLOCKS - 1:
@@ -217,6 +272,10 @@ FUSED_ROUTER_MAX_TOKENS = 4  # up to this many tokens `moe_block_decode` compute
 
 
 PREFETCH_EXPERTS = False  # tuning key `moe_expert_prefetch`: the fused router prefetches the selected experts into L2
+# Tuning key `router_add_norm`: `moe_decode.moe_block_decode_add_norm` hands the norm before the block to the fused launch
+# (module docstring) instead of launching the norm kernel first. Off until `benchmarks/kernels/time_router_add_norm.py` times it.
+ADD_NORM = False
+NORM_WRITER = 0  # which program of a token stores the normed row and the sum; tests set one past the last to show a missing writer is caught
 PREFETCH_CHUNK = 1 << 16  # bytes per bulk prefetch
 
 
@@ -240,14 +299,20 @@ def router_gemv_topk_with_shared(
     top_k: int,
     prefetch=None,  # StackedNvfp4Experts: prefetch the selected experts' weights into L2 (CUDA), or None
     record: torch.Tensor | None = None,  # tests: int64 [T * prefetch_rows(top_k, experts), 2] gets the chunks instead
+    add_norm: AddNorm | None = None,  # x is un-normed: this launch also does the norm before the block (module docstring)
 ) -> None:
     """`router_topk_with_shared(F.linear(x, router_weight), ...)` in one launch; inputs as `moe_block_decode`
     checks them (contiguous x and weight of one dtype, contiguous outputs). Writes every output slot. With `prefetch`,
     the program that finishes a token's top-k also issues a bulk L2 prefetch of its experts' gate/up and down codes and
     scales (64 KB chunks, not waited for), so the experts' launches that follow read them from L2 sooner; with `record`,
-    it stores those chunks' (address, bytes) there instead (the interpreter cannot run the PTX)."""
+    it stores those chunks' (address, bytes) there instead (the interpreter cannot run the PTX). With `add_norm` the
+    logits are those of add_norm's normed x, which this launch writes to `add_norm.out` (and the sum to `residual_out`)."""
     num_tokens, hidden = x.shape
     num_experts = router_weight.shape[0] - 1
+    if add_norm is not None:
+        add_norm.check(x)
+        if next_power_of_2(hidden) > ROUTER_BLOCK_H:
+            raise ValueError(f"the fused norm needs the row in one step: H={hidden} is over ROUTER_BLOCK_H={ROUTER_BLOCK_H}")
     if num_tokens == 0:
         return
     logits = torch.empty(num_tokens, num_experts + 1, dtype=x.dtype, device=x.device)
@@ -261,6 +326,12 @@ def router_gemv_topk_with_shared(
             "PREFETCH": 2 if record is not None else 1, "GU_BYTES": gu_bytes, "GUS_BYTES": gus_bytes, "D_BYTES": d_bytes, "DS_BYTES": ds_bytes,
             "CHUNK": PREFETCH_CHUNK, **{f"NCH_{name}": next_power_of_2(cdiv(size, PREFETCH_CHUNK))
                                         for name, size in (("GU", gu_bytes), ("GUS", gus_bytes), ("D", d_bytes), ("DS", ds_bytes))},
+        }  # fmt: skip
+    if add_norm is not None:
+        extra |= {
+            "residual_ptr": add_norm.residual, "norm_w_ptr": add_norm.weight, "normed_ptr": add_norm.out,
+            "residual_out_ptr": add_norm.residual_out, "eps": float(add_norm.eps), "ADD_NORM": True,
+            "BF16": x.dtype == torch.bfloat16, "NORM_WRITER": NORM_WRITER,
         }  # fmt: skip
     _router_gemv_topk_kernel[(row_blocks, num_tokens)](
         x, router_weight, logits, ticket_counters(x.device, num_tokens), topk_weights, topk_ids, num_experts, hidden,

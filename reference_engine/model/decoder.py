@@ -18,6 +18,7 @@ from reference_engine.model.attention import GatedAttention
 from reference_engine.model.eager_ops import eager_backend, eager_op
 from reference_engine.model.gated_deltanet import GatedDeltaNet
 from reference_engine.model.moe_block import SparseMoeBlock
+from reference_engine.ops.norms import AddNorm
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class DecoderLayer:
         if prefetch is not None:
             prefetch.at(self.layer_index, "moe")
         post_normed, post_residual = torch.empty_like(x), torch.empty_like(x)  # [T, H]
+        if self.mlp.takes_add_norm(ops):  # graph decode: the block's op does the norm too (its router launch may fold it in)
+            add_norm = AddNorm(residual, self.post_attention_layernorm, post_normed, post_residual, self.eps)
+            return self.mlp.decode_add_norm(mixed, add_norm, ops), post_residual
         # The eager prefill's experts may read the normed input in another column order: the norm writes that too.
         steps = self.mlp.steps_buffer(post_normed) if ops is None and eager_backend("fused_add_rms_norm", mixed) == "triton" else None
         add_norm(mixed, residual, self.post_attention_layernorm, out=post_normed, residual_out=post_residual, eps=self.eps,

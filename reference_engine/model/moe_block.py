@@ -31,6 +31,7 @@ from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
 from reference_engine.ops.dense_linear import ALIGN_ELEMENTS, aligned_linear
 from reference_engine.ops.moe import shared_expert
+from reference_engine.ops.norms import AddNorm
 from reference_engine.ops.static_moe import SharedNvfp4Expert
 
 
@@ -107,6 +108,17 @@ class SparseMoeBlock:
         if self.shared_nvfp4 is None:
             return None
         return torch.empty_like(x) if self.experts.prefill_takes_steps(x, self.top_k) else None
+
+    def takes_add_norm(self, ops) -> bool:
+        """True when `decode_add_norm` can run: CUDA-graph decode (`ops` given) of the fused form."""
+        return ops is not None and self.shared_nvfp4 is not None
+
+    def decode_add_norm(self, x: torch.Tensor, add_norm: AddNorm, ops) -> torch.Tensor:
+        """`self(add_norm.apply(x), ops)` as one op (`ops.moe_block_decode_add_norm`), whose first launch may do the norm;
+        x [T, H] is the mixer's un-normed output. Only where `takes_add_norm(ops)`."""
+        out = torch.empty_like(x)  # [T, H]
+        ops.moe_block_decode_add_norm(x, add_norm, self.router_weight, self.experts.stacked, self.shared_nvfp4, self.top_k, out=out)
+        return out
 
     def __call__(self, x: torch.Tensor, ops=None, x_steps: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, H] -> [T, H]; `ops` (an ops.backend.OpSet, CUDA-graph decode only) supplies capturable ops.

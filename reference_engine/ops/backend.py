@@ -34,6 +34,7 @@ from reference_engine.ops.static_attention import (
 )
 from reference_engine.ops.static_moe import (
     moe_block_decode,
+    moe_block_decode_add_norm,
     nvfp4_routed_experts,
     routed_experts,
 )
@@ -51,6 +52,7 @@ class OpSet:
     routed_experts: Callable  # dense weights [E, 2I, H] / [E, H, I]
     nvfp4_routed_experts: Callable  # (x, topk_weights, topk_ids, experts: StackedNvfp4Experts, out)
     moe_block_decode: Callable  # (x, router_weight [E+1, H], experts, shared: SharedNvfp4Expert, top_k, out): the whole MoE block
+    moe_block_decode_add_norm: Callable  # (x, add_norm: AddNorm, router_weight, experts, shared, top_k, out): the norm before it too
     shared_expert: Callable
     w4a16_linear: Callable
     paged_decode: Callable
@@ -70,6 +72,7 @@ TRITON_KERNELS: dict[str, tuple[str, str]] = {
     "routed_experts": ("moe_decode", "routed_experts"),
     "nvfp4_routed_experts": ("moe_decode", "nvfp4_routed_experts"),
     "moe_block_decode": ("moe_decode", "moe_block_decode"),
+    "moe_block_decode_add_norm": ("moe_decode", "moe_block_decode_add_norm"),
     "router_topk": ("router", "router_topk"),
     "gdn_recurrent_decode": ("gdn_decode", "gdn_recurrent_decode"),
     "gdn_decode_step": ("gdn_decode_step", "gdn_decode_step"),
@@ -94,6 +97,7 @@ def torch_ops() -> OpSet:
         routed_experts=routed_experts,
         nvfp4_routed_experts=nvfp4_routed_experts,
         moe_block_decode=moe_block_decode,
+        moe_block_decode_add_norm=moe_block_decode_add_norm,
         shared_expert=shared_expert,
         w4a16_linear=w4a16_linear,
         paged_decode=paged_decode,

@@ -10,6 +10,8 @@ All three compute in float32 whatever the input dtype and round once into `out`:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from reference_engine.ops.registry import satisfies
@@ -81,3 +83,31 @@ def fused_add_rms_norm(
     residual_out.copy_(total)  # the one rounding to the model dtype, as transformers' `h = x + residual`
     out.copy_(_normalise(residual_out.float(), eps) * (1.0 + weight.float()))
     return out
+
+
+@dataclass(frozen=True)
+class AddNorm:
+    """A fused add + RMSNorm handed to the op that consumes its output, so that op's first launch can do it
+    (`moe_block_decode_add_norm`): for the op's un-normed input x, `fused_add_rms_norm(x, residual, weight, out=out,
+    residual_out=residual_out, eps=eps)`, all [T, H] in x's dtype (weight [H], zero-centred)."""
+
+    residual: torch.Tensor
+    weight: torch.Tensor
+    out: torch.Tensor
+    residual_out: torch.Tensor
+    eps: float
+
+    def check(self, x: torch.Tensor) -> None:
+        """The checks of `fused_add_rms_norm(x, ...)`, plus contiguous rows (the fused launch reads them as such)."""
+        _check_norm_inputs(x, self.weight, self.eps)
+        _check_same("residual", self.residual, x, "x")
+        _check_same("out", self.out, x, "x")
+        _check_same("residual_out", self.residual_out, x, "x")
+        for name in ("residual", "weight", "out", "residual_out"):
+            if not getattr(self, name).is_contiguous():
+                raise ValueError(f"AddNorm.{name} must be contiguous")
+
+    def apply(self, x: torch.Tensor, op=fused_add_rms_norm) -> torch.Tensor:
+        """Run it with `op` (the torch op or a kernel of the same signature); returns `out`."""
+        op(x, self.residual, self.weight, out=self.out, residual_out=self.residual_out, eps=self.eps)
+        return self.out

@@ -32,6 +32,7 @@ from reference_engine.ops.moe import (
     check_routed_experts,
     router_topk_with_shared,
 )
+from reference_engine.ops.norms import AddNorm, fused_add_rms_norm
 from reference_engine.ops.registry import satisfies
 from reference_engine.quant.e2m1 import decode_e2m1, unpack_e2m1
 
@@ -399,3 +400,19 @@ def moe_block_decode(
     topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
     router_topk_with_shared(logits, topk_weights, topk_ids, top_k)
     nvfp4_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out)
+
+
+def moe_block_decode_add_norm(
+    x: torch.Tensor,  # [T, H]: the mixer's output, not yet added to the residual stream
+    add_norm: AddNorm,  # the post-attention norm: its `out` becomes the block's input
+    router_weight: torch.Tensor,  # [E+1, H]
+    experts: StackedNvfp4Experts,
+    shared: SharedNvfp4Expert,
+    top_k: int,
+    out: torch.Tensor,  # [T, H]
+) -> None:
+    """`add_norm.apply(x)` (residual_out = x + residual; out = rms_norm of it), then `moe_block_decode` on the normed
+    rows: the torch composition that the Triton op, which may fold the norm into the router launch, must equal."""
+    add_norm.check(x)
+    add_norm.apply(x, fused_add_rms_norm)
+    moe_block_decode(add_norm.out, router_weight, experts, shared, top_k, out)

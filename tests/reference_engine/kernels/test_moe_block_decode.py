@@ -207,11 +207,16 @@ def _spy_ops(calls: list):
     from reference_engine.ops import static_moe
     from reference_engine.ops.backend import torch_ops
 
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape[0])
-        return static_moe.moe_block_decode(*args, **kwargs)
+    def counted(op):
+        def call(*args, **kwargs):
+            calls.append(args[0].shape[0])
+            return op(*args, **kwargs)
 
-    return replace(torch_ops(), moe_block_decode=counted)
+        return call
+
+    # the block called with `ops` takes the first; graph decode hands the block its norm too and takes the second
+    return replace(torch_ops(), moe_block_decode=counted(static_moe.moe_block_decode),
+                   moe_block_decode_add_norm=counted(static_moe.moe_block_decode_add_norm))  # fmt: skip
 
 
 def test_model_builds_the_fused_form_once_with_views():
