@@ -70,6 +70,10 @@ STEP_SPLIT, STEP_SPLIT_BELOW, SPLIT_WARPS = 4, 128, 4
 # batches 8 to 64 2 to 3% slower, `benchmarks/kernels/results/2026-12-05-h100-run58-gdn-fused-conv.json`).
 FUSED_CONV = False
 FUSED_CONV_MAX_BATCH = 0
+# Tuning key `gdn_step_state_first`: the recurrent kernel issues its state tile's load first, before the conv, the q/k
+# ticket (whose acquire keeps later loads behind it) and the gates; the same arithmetic. Off until
+# `benchmarks/kernels/time_gdn_state_first.py` times it.
+STATE_FIRST = False
 QK_WRITER = -1  # which ticket stores the shared q/k conv state: -1 the last (correct); tests set 0 to show a wrong writer is caught
 
 
@@ -135,6 +139,7 @@ def _recurrent_norm_kernel(
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2_EPS: tl.constexpr, SPLIT: tl.constexpr = 1, BLOCK_DV: tl.constexpr = 0,
     x_ptr=None, conv_w_ptr=None, conv_state_ptr=None, conv_counter_ptr=None, stride_xb=0, stride_xc=0, stride_cs=0, stride_cc=0, stride_ck=0,
     FUSED_CONV: tl.constexpr = False, KW: tl.constexpr = 4, BLOCK_KW: tl.constexpr = 4, QK_WRITER: tl.constexpr = -1,
+    STATE_FIRST: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -144,9 +149,14 @@ def _recurrent_norm_kernel(
     dv = part * BLOCK_V + tl.arange(0, BLOCK_V)
     k_ok = dk < DK
     v_ok = dv < DV
-    if FUSED_CONV:  # the conv in this launch (module docstring): v channels owned, q/k channels shared by SHARERS programs
+    offsets = head * stride_sh + dk[:, None] * stride_sk + dv[None, :] * stride_sv  # [BK, BV], plus the slot's row below
+    mask = k_ok[:, None] & v_ok[None, :]
+    if FUSED_CONV or STATE_FIRST:
         slot = tl.load(slots_ptr + row)  # int64
         has_state = tl.load(init_ptr + row) != 0
+    if STATE_FIRST:  # the state tile, the launch's largest read, issued before the conv and the gates it does not depend on
+        s = tl.load(state_ptr + slot * stride_ss + offsets, mask=mask & has_state, other=0.0)  # fresh sequence: zeros
+    if FUSED_CONV:  # the conv in this launch (module docstring): v channels owned, q/k channels shared by SHARERS programs
         q, q_window, q_offsets = _conv_window(x_ptr, conv_w_ptr, conv_state_ptr, row, slot, has_state, key_head * DK + dk, k_ok,
                                               stride_xb, stride_xc, stride_cs, stride_cc, stride_ck, KW, BLOCK_KW)  # fmt: skip
         k, k_window, k_offsets = _conv_window(x_ptr, conv_w_ptr, conv_state_ptr, row, slot, has_state, HK * DK + key_head * DK + dk, k_ok,
@@ -181,12 +191,13 @@ def _recurrent_norm_kernel(
     decay = tl.exp(-tl.exp(tl.load(a_log_ptr + head).to(tl.float32)) * softplus)  # exp(g)
     beta = tl.sigmoid(b)
 
-    if not FUSED_CONV:
+    if not (FUSED_CONV or STATE_FIRST):
         slot = tl.load(slots_ptr + row)  # int64
         has_state = tl.load(init_ptr + row) != 0
-    offsets = slot * stride_ss + head * stride_sh + dk[:, None] * stride_sk + dv[None, :] * stride_sv  # [BK, BV]
-    mask = k_ok[:, None] & v_ok[None, :]
-    s = tl.load(state_ptr + offsets, mask=mask & has_state, other=0.0) * decay  # fresh sequence: zeros
+    offsets = slot * stride_ss + offsets
+    if not STATE_FIRST:
+        s = tl.load(state_ptr + offsets, mask=mask & has_state, other=0.0)  # fresh sequence: zeros
+    s = s * decay
     delta = beta * (v - tl.sum(s * k[:, None], axis=0))  # [BV]
     s = s + k[:, None] * delta[None, :]
     tl.store(state_ptr + offsets, s, mask=mask)
@@ -271,6 +282,7 @@ def gdn_decode_step(
         buffer.stride(0), buffer.stride(1), float(dims.k_head_dim**-0.5), float(eps),
         HK=dims.num_k_heads, HV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim,
         BLOCK_K=next_power_of_2(dims.k_head_dim), BLOCK_V=block_v, L2_EPS=L2_EPS,
-        SPLIT=split, BLOCK_DV=next_power_of_2(dims.v_head_dim), num_warps=STEP_WARPS if split == 1 else SPLIT_WARPS, **fused,
+        SPLIT=split, BLOCK_DV=next_power_of_2(dims.v_head_dim), num_warps=STEP_WARPS if split == 1 else SPLIT_WARPS, STATE_FIRST=STATE_FIRST,
+        **fused,
     )  # fmt: skip
     finish(buffer, out)

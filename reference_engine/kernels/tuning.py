@@ -15,7 +15,8 @@ GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed 
 with the codes widened through E4M3, `nvfp4_half_dot`'s FP8 decode; the MoE settings' `WORDS` the same). The MoE
 settings' `DOWN_SPLIT` is the programs a token's down slots are dealt over; `gdn_step_split` the programs per split GDN
 decode head, `gdn_step_fused_conv` 1 the step in one launch (the conv inside the recurrent kernel;
-`benchmarks/kernels/time_gdn_fused_conv.py`) at every batch, `gdn_step_fused_conv_max_batch` up to that batch.
+`benchmarks/kernels/time_gdn_fused_conv.py`) at every batch, `gdn_step_fused_conv_max_batch` up to that batch,
+`gdn_step_state_first` 1 its recurrent launch issuing the state tile's load first (`benchmarks/kernels/time_gdn_state_first.py`).
 `gdn_ba_side_max_batch` runs the GDN b/a projection on a side stream up to that decode batch (`kernels/side_stream.py`). `gemv_words` sets the word reads
 for shapes without an entry; `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
@@ -159,6 +160,7 @@ class TuningFile(BaseModel):
     gdn_step_split_below: int | None = Field(default=None, ge=0)  # split GDN decode heads below this many (row, head) pairs (0: never)
     gdn_step_split: int | None = Field(default=None, ge=2, le=32)  # programs per split head
     gdn_step_fused_conv: int | None = Field(default=None, ge=0, le=1)  # GDN decode step: the conv inside the recurrent launch
+    gdn_step_state_first: int | None = Field(default=None, ge=0, le=1)  # GDN decode step: the state tile's load issued first
     gdn_step_fused_conv_max_batch: int | None = Field(default=None, ge=0)  # ... up to this batch (0: never)
     gdn_ba_side_max_batch: int | None = Field(default=None, ge=0)  # GDN b/a projection on a side stream up to this batch (0: never)
     fused_router_max_tokens: int | None = Field(default=None, ge=0)  # router logits + top-k in one launch up to this batch (0: never)
@@ -229,6 +231,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
     for value, module, name in ((tuning.gdn_step_split_below, gdn_decode_step, "STEP_SPLIT_BELOW"), (tuning.gdn_step_split, gdn_decode_step, "STEP_SPLIT"),
                                 (None if tuning.gdn_step_fused_conv is None else bool(tuning.gdn_step_fused_conv), gdn_decode_step, "FUSED_CONV"),
                                 (tuning.gdn_step_fused_conv_max_batch, gdn_decode_step, "FUSED_CONV_MAX_BATCH"),
+                                (None if tuning.gdn_step_state_first is None else bool(tuning.gdn_step_state_first), gdn_decode_step, "STATE_FIRST"),
                                 (tuning.gdn_ba_side_max_batch, side_stream, "BA_MAX_BATCH"),
                                 (tuning.fused_router_max_tokens, router, "FUSED_ROUTER_MAX_TOKENS"),
                                 (tuning.dense_gemv_max_tokens, dense_gemv, "MAX_TOKENS"), (tuning.router_rows, router, "ROUTER_ROWS"),

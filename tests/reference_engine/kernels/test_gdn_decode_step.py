@@ -212,6 +212,16 @@ step_module.QK_WRITER = 0  # known wrong: the first program to read the shared q
 results[f"fused_first_ticket_writes|{WRONG_CASE}"] = run_case(triton_step, CASES[WRONG_CASE], seed=list(CASES).index(WRONG_CASE))
 results[f"fused_first_ticket_writes|{WRONG_CASE}"].pop("final")
 step_module.QK_WRITER = -1
+step_module.STATE_FIRST = True  # the state tile's load issued first: the same arithmetic, so the same bits
+for fused_conv in (True, False):
+    step_module.FUSED_CONV = fused_conv
+    for name, case in CASES.items():
+        key = f"state-first-{'fused' if fused_conv else 'two'}|{name}"
+        results[key] = run_case(triton_step, case, seed=list(CASES).index(name))
+        out_first, state_first = results[key].pop("final")
+        out_two, state_two = results[f"triton|{name}"]["final_copy"]
+        results[key]["bits_equal_two_launches"] = bool(torch.equal(out_first, out_two) and torch.equal(state_first, state_two))
+step_module.STATE_FIRST = False
 step_module.FUSED_CONV = False
 for name in CASES:
     results[f"triton|{name}"].pop("final_copy")
@@ -271,6 +281,15 @@ def test_the_fused_conv_launch_equals_the_two_launches_bit_for_bit(results, case
     result = results[f"fused|{case}"]
     assert not violations(result, BOUNDS[("triton", CASES[case][0])]), (case, result)
     assert result["bits_equal_two_launches"], case
+
+
+@pytest.mark.parametrize("form", ["fused", "two"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_state_loaded_first_gives_the_same_bits(results, form, case):
+    """STATE_FIRST (one launch and two): the float64 checks, and the same bits as the two-launch form."""
+    result = results[f"state-first-{form}|{case}"]
+    assert not violations(result, BOUNDS[("triton", CASES[case][0])]), (form, case, result)
+    assert result["bits_equal_two_launches"], (form, case)
 
 
 @pytest.mark.parametrize("case", UNSPLIT)
