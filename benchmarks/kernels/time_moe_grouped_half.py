@@ -10,7 +10,9 @@ that batch, with the per-pair kernels, with the tensor-core grouping, and with t
 float16 grouping under each plan of `PLANS` (`--tokens` / `--plans`: a subset); every output is checked against the torch op first (relative error
 < 1e-2, else the plan is skipped). `--tuning IN OUT` writes OUT: IN plus `moe_grouped_half` (the plan with the least
 total time, taking it where it beats the file's path without this grouping, over the contiguous run of measured batches
-that ends at its largest win), only when that total is below the committed file's. No speed is asserted.
+that ends at its largest win), only when that total is at least 3% below the committed file's. The committed path is timed
+first and again last in each batch, and its faster reading counts (run66: the first reading was up to 13% slow). No speed
+is asserted.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from reference_engine.kernels.tuning import apply_for_cuda
 from reference_engine.ops import static_moe
 
 TOKENS = (2, 4, 8, 16, 32, 64)
+MARGIN = 0.97  # a plan is written only when its total is at least 3% below the committed one (run66: 1-3% was the spread)
 PLANS = {  # run30 named them "default 32x8", "gate/up 16 rows", "64 rows", ... in this order
     "default": HalfGroupedPlan(),
     "gate_up_16_rows": HalfGroupedPlan(gate_up_block_n=16),
@@ -99,6 +102,17 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tokens_list: 
             records.append({"tokens": tokens, "kernels": "half grouped", "plan_name": name, "plan": vars(plan), "us": us, "rel_error": error,
                             "committed_over_half": None if math.isnan(us) else committed[tokens] / us})  # fmt: skip
             print(f"T={tokens:2d} half {name:27s}: {us:7.1f} us (error {error:.1e}, committed / half {committed[tokens] / us:.2f})", flush=True)
+        # run66: the row timed first in a batch read up to 13% slow (the committed plan, timed again as a named plan,
+        # was 135 vs 153 us); time it again last and keep the faster of its two readings
+        moe_grouped_decode.MIN_TOKENS = committed_min
+        moe_grouped_half.MIN_TOKENS, moe_grouped_half.MAX_TOKENS, moe_grouped_half.PLAN = committed_half
+        again, error = time_block(tokens, layers, xs, outs, expected)
+        records.append({"tokens": tokens, "kernels": "committed, again", "us": again, "rel_error": error})
+        print(f"T={tokens:2d} {'committed, again':32s}: {again:7.1f} us (error {error:.1e}; first reading {committed[tokens]:.1f})", flush=True)
+        committed[tokens] = min(committed[tokens], again)
+        half_min, half_max = committed_half[0], committed_half[1]
+        if half_min is None or tokens < half_min or (half_max is not None and tokens > half_max):
+            baseline[tokens] = min(baseline[tokens], again)  # the committed file does not group in halves here: same path
         moe_grouped_half.MIN_TOKENS = None
         Path(path).write_text(json.dumps(records, indent=1))
     moe_grouped_decode.MIN_TOKENS = committed_min
@@ -110,7 +124,7 @@ def main(path: str, tuning_in: str | None, tuning_out: str | None, tokens_list: 
     best = min(plans, key=total)
     wins = [t for t in tokens_list if half[best][t] < baseline[t]]
     summary: dict = {"best_plan": best, "wins_at": wins, "total_us": total(best), "committed_total_us": sum(committed.values())}
-    if wins and total(best) < sum(committed.values()):  # the contiguous run of measured batches ending at the largest win
+    if wins and total(best) < MARGIN * sum(committed.values()):  # the contiguous run of measured batches ending at the largest win
         high = max(wins)
         low = high
         for t in reversed([t for t in tokens_list if t <= high]):
