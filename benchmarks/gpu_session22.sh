@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# GPU calls of the twenty-second session. Usage: OUT=$OUT NAME=run67 COMMIT=<sha> PHASE=h200|ncu bash benchmarks/gpu_session22.sh
+# PHASE=h200 (about 400 s): the full bench with the peer on the committed tuning (the issue's card; the last H200 bench
+#   was run53/54), then with time left the NVFP4 LM head variant (no peer, 64 tokens, batches 1 and 32).
+# PHASE=ncu (about 200 s): Nsight Compute on the decode MoE kernels (`kernels/profile_ncu.py`: batch 1 per-pair kernels,
+#   batch 32 grouped packed float16 ones) and the batch-1 GEMV, with the instruction mix and stall reasons.
+set -u
+OUT="${OUT:-/tmp/session22-out}"; NAME="${NAME:-session22}"; COMMIT="${COMMIT:-unknown}"; PHASE="${PHASE:-h200}"
+export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+if [ "$PHASE" = h200 ]; then
+  timeout "${BENCH_S:-420}" python3 -m toolbox.cli engine bench --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" > "$OUT/$NAME-bench.log" 2>&1
+  echo "bench rc=$? (1: gate failed, 124: out of time)"; grep -E "^\| (TTFT|TPOT|output)" "$OUT/$NAME.md" 2>/dev/null
+  grep -E "^Batch-1 decode step|^Total over|^Peer" "$OUT/$NAME.md" 2>/dev/null | cut -c1-200
+  if [ "$SECONDS" -lt "${HEAD_BEFORE_S:-400}" ]; then
+    timeout "${HEAD_S:-170}" python3 -m toolbox.cli engine bench --lm-head nvfp4 --no-peer --output-tokens 64 --batch-sizes 1,32 \
+        --out-dir "$OUT" --commit "$COMMIT" --name "$NAME-lmhead-nvfp4" > "$OUT/$NAME-lmhead-nvfp4-bench.log" 2>&1
+    echo "nvfp4 head bench rc=$?"; grep -E "^\| (TTFT|TPOT|output)" "$OUT/$NAME-lmhead-nvfp4.md" 2>/dev/null
+    grep -E "^Batch-1 decode step|^Total over" "$OUT/$NAME-lmhead-nvfp4.md" 2>/dev/null | cut -c1-200
+  else
+    echo "nvfp4 head bench skipped: ${SECONDS} s used"
+  fi
+  exit 0
+fi
+timeout "${NCU_S:-300}" ncu --clock-control none --profile-from-start off \
+  --kernel-name "regex:_gate_up_kernel|_down_kernel|_w4a16_gemv_half_kernel|_router_gemv_topk_kernel" --launch-count "${NCU_LAUNCHES:-12}" \
+  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats \
+  --section MemoryWorkloadAnalysis python3 benchmarks/kernels/profile_ncu.py > "$OUT/$NAME-ncu.txt" 2>&1
+echo "ncu rc=$?"; grep -E "^  [_a-zA-Z].*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|Executed Instructions  |Grid Size|Stall" \
+  "$OUT/$NAME-ncu.txt" | head -n 150 | cut -c1-160
