@@ -16,15 +16,15 @@ from reference_engine.model.eager_ops import triton_allowed
 from reference_engine.quant.linear import w4a4_linear, w4a16_linear, w4a16_linear_rows
 from reference_engine.quant.nvfp4 import dequantize_nvfp4
 
-_PREFILL_MIN_ROWS = 64  # kernels.nvfp4_gemv.MAX_GEMV_TOKENS: above it the Triton op runs the GEMM
-
 
 def eager_w4a16(x: torch.Tensor, stacked: bool = False):
     """The eager W4A16 op for x [M, K] (`stacked`: the one for stacked linears with a tensor scale per output row,
-    `w4a16_linear_rows`): on CUDA with M > 64 (prefill) the Triton one, which runs the tensor-core GEMM (or the
-    bfloat16 copy + cuBLAS) there; otherwise (CPU, decode-sized M, no Triton) the torch op."""
+    `w4a16_linear_rows`): on CUDA with Triton allowed the Triton one for every M (the tensor-core GEMM or the bfloat16
+    copy + cuBLAS for a prefill, the GEMV for the few rows of a prefill's LM head); otherwise (CPU, no Triton, the plain
+    path) the torch op. Until run67 rows up to 64 took the torch op, which dequantises the whole weight: an NVFP4 LM head
+    (248,320 x 2,048) after a 1024-token prefill cost 8 ms that way (TTFT 38.6 ms against 30.3 with the bf16 head)."""
     torch_op = w4a16_linear_rows if stacked else w4a16_linear
-    if x.is_cuda and x.shape[0] > _PREFILL_MIN_ROWS and triton_allowed(x):
+    if x.is_cuda and x.shape[0] > 0 and triton_allowed(x):
         try:
             from reference_engine.kernels import nvfp4_gemv
         except ImportError:  # no Triton

@@ -565,6 +565,26 @@ def test_cpu_eager_paths_keep_the_torch_ops():
     assert eager_w4a16(x, stacked=True) is w4a16_linear_rows
 
 
+@pytest.mark.cuda
+def test_cuda_eager_path_takes_the_triton_op_for_a_few_rows():
+    """A prefill's LM head (one row per sequence) in the eager path: the Triton op (run67: the torch op dequantised the
+    whole NVFP4 LM head, 8 ms of a 1024-token prefill), within the torch op's tolerance."""
+    from reference_engine.kernels import nvfp4_gemv
+    from reference_engine.model.linear import Linear, eager_w4a16
+    from reference_engine.quant import linear as torch_linear
+    from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+    generator = torch.Generator().manual_seed(67)
+    packed, scale, scale_2 = (t.cuda() for t in quantize_nvfp4(torch.randn(4096, 2048, generator=generator) * 0.02))
+    head = Linear(4096, 2048, weight_packed=packed, weight_scale=scale, weight_scale_2=scale_2)
+    for rows in (1, 3, 64):
+        x = torch.randn(rows, 2048, generator=generator).to(torch.bfloat16).cuda()
+        assert eager_w4a16(x) is nvfp4_gemv.w4a16_linear
+        expected = torch.empty(rows, 4096, dtype=torch.float32, device="cuda")
+        torch_linear.w4a16_linear(x.float(), packed, scale, scale_2, expected)
+        assert _rel(head(x), expected) < 1e-2, rows
+
+
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     assert torch.isfinite(out).all()
     return float((out.double() - ref.double()).norm() / ref.double().norm())
