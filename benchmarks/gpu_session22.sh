@@ -3,9 +3,9 @@
 # PHASE=h200 (about 400 s): the full bench with the peer on the committed tuning (the card; the last H200 bench
 #   was run53/54), then with time left the NVFP4 LM head variant (no peer, 64 tokens, batches 1 and 32).
 # PHASE=loop (about 300 s): the grouped-half CUDA test (the K loop's forms bit-equal at 8, 32, 64 tokens), then
-#   `time_moe_grouped_half.py` over the committed plan and its loop 1/2/3 forms at 8, 16, 32, 64 tokens (writes
+#   `time_moe_grouped_half.py` over the committed plan and its loop 1/2/3 forms at 16, 32, 64 tokens (writes
 #   $OUT/$NAME-grouped-tuning.json when a plan wins by 3%), then with time left short benches on that tuning and on the
-#   committed one, in that order.
+#   committed one, in that order; then with time left the NVFP4 LM head at batch 1 (its TTFT after d754835).
 # PHASE=ncu (about 200 s): Nsight Compute on the decode MoE kernels (`kernels/profile_ncu.py`: batch 1 per-pair kernels,
 #   batch 32 grouped packed float16 ones) and the batch-1 GEMV, with the instruction mix and stall reasons.
 set -u
@@ -34,10 +34,11 @@ short_bench() {  # $1: run name
 }
 if [ "$PHASE" = loop ]; then
   TUNING="reference_engine/kernels/tuned/nvidia-h200.json"
-  timeout "${TEST_S:-120}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/kernels/test_moe_grouped_half.py > "$OUT/$NAME-pytest.log" 2>&1
+  timeout "${TEST_S:-120}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/kernels/test_moe_grouped_half.py \
+      tests/reference_engine/kernels/test_nvfp4_gemm.py -k "real_layer or eager_path" > "$OUT/$NAME-pytest.log" 2>&1
   echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$OUT/$NAME-pytest.log" | tail -n 4 | cut -c1-300
   if grep -q "FAILED" "$OUT/$NAME-pytest.log"; then grep -E "^E " "$OUT/$NAME-pytest.log" | head -n 10 | cut -c1-300; echo "timing skipped"; exit 0; fi
-  timeout "${GROUPED_S:-240}" python3 benchmarks/kernels/time_moe_grouped_half.py "$OUT/$NAME-grouped-half.json" --tokens 8,16,32,64 \
+  timeout "${GROUPED_S:-240}" python3 benchmarks/kernels/time_moe_grouped_half.py "$OUT/$NAME-grouped-half.json" --tokens "${GROUPED_TOKENS:-16,32,64}" \
       --plans "${GROUPED_PLANS:-fp8_k_step_4_pairs,fp8_k_step_4_pairs_loop_1,fp8_k_step_4_pairs_loop_2,fp8_k_step_4_pairs_loop_3,fp8_k_step_8_pairs_loop_1,fp8_rows_64_pairs_loop_1}" \
       --tuning "$TUNING" "$OUT/$NAME-grouped-tuning.json" > "$OUT/$NAME-grouped-half.log" 2>&1
   echo "grouped half rc=$?"; grep -E "^T=|best plan|wrote|Error" "$OUT/$NAME-grouped-half.log" | cut -c1-160
@@ -45,7 +46,14 @@ if [ "$PHASE" = loop ]; then
     cp "$TUNING" "$OUT/$NAME-committed-tuning.json"; cp "$OUT/$NAME-grouped-tuning.json" "$TUNING"
     short_bench "$NAME-loop"
     cp "$OUT/$NAME-committed-tuning.json" "$TUNING"
-    if [ "$SECONDS" -lt "${BASE_BEFORE_S:-440}" ]; then short_bench "$NAME-base"; else echo "base bench skipped: ${SECONDS} s used"; fi
+    if [ "$SECONDS" -lt "${BASE_BEFORE_S:-400}" ]; then short_bench "$NAME-base"; else echo "base bench skipped: ${SECONDS} s used"; fi
+  fi
+  if [ "$SECONDS" -lt "${HEAD_BEFORE_S:-470}" ]; then  # the NVFP4 LM head's TTFT with the prefill's head row on the Triton GEMV (d754835)
+    timeout "${HEAD_S:-120}" python3 -m toolbox.cli engine bench --lm-head nvfp4 --no-peer --no-profile --output-tokens 32 --batch-sizes 1 \
+        --out-dir "$OUT" --commit "$COMMIT" --name "$NAME-lmhead-nvfp4" > "$OUT/$NAME-lmhead-nvfp4-bench.log" 2>&1
+    echo "nvfp4 head bench rc=$?"; grep -E "^\| (TTFT|TPOT|output)" "$OUT/$NAME-lmhead-nvfp4.md" 2>/dev/null
+  else
+    echo "nvfp4 head bench skipped: ${SECONDS} s used"
   fi
   exit 0
 fi
