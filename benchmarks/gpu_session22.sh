@@ -7,7 +7,8 @@
 #   $OUT/$NAME-grouped-tuning.json when a plan wins by 3%), then with time left short benches on that tuning and on the
 #   committed one, in that order; then with time left the NVFP4 LM head at batch 1 (its TTFT after d754835).
 # PHASE=ncu (about 200 s): Nsight Compute on the decode MoE kernels (`kernels/profile_ncu.py`: batch 1 per-pair kernels,
-#   batch 32 grouped packed float16 ones) and the batch-1 GEMV, with the instruction mix and stall reasons.
+#   batch 32 grouped packed float16 ones), the batch-1 GEMVs, the router and the GDN step, raw metrics, summarised by
+#   `kernels/ncu_stalls.py` (duration, DRAM %, occupancy, issue, the largest stall reasons).
 set -u
 OUT="${OUT:-/tmp/session22-out}"; NAME="${NAME:-session22}"; COMMIT="${COMMIT:-unknown}"; PHASE="${PHASE:-h200}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
@@ -57,9 +58,8 @@ if [ "$PHASE" = loop ]; then
   fi
   exit 0
 fi
-timeout "${NCU_S:-300}" ncu --clock-control none --profile-from-start off \
-  --kernel-name "regex:_gate_up_kernel|_down_kernel|_w4a16_gemv_half_kernel|_router_gemv_topk_kernel" --launch-count "${NCU_LAUNCHES:-12}" \
-  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats \
-  --section MemoryWorkloadAnalysis python3 benchmarks/kernels/profile_ncu.py > "$OUT/$NAME-ncu.txt" 2>&1
-echo "ncu rc=$?"; grep -E "^  [_a-zA-Z].*\(|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|Executed Instructions  |Grid Size|Stall" \
-  "$OUT/$NAME-ncu.txt" | head -n 150 | cut -c1-160
+timeout "${NCU_S:-300}" ncu --clock-control none --profile-from-start off --page raw \
+  --kernel-name "regex:_gate_up_kernel|_down_kernel|_w4a16_gemv_half_kernel|_router_gemv_topk_kernel|_recurrent_norm_kernel" \
+  --launch-count "${NCU_LAUNCHES:-12}" --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+  --section SchedulerStats python3 benchmarks/kernels/profile_ncu.py > "$OUT/$NAME-ncu.txt" 2>&1
+echo "ncu rc=$?"; python3 benchmarks/kernels/ncu_stalls.py "$OUT/$NAME-ncu.txt" | cut -c1-200 | head -n 60
