@@ -60,6 +60,6 @@ if [ "$PHASE" = loop ]; then
 fi
 timeout "${NCU_S:-300}" ncu --clock-control none --profile-from-start off --page raw \
   --kernel-name "regex:_gate_up_kernel|_down_kernel|_w4a16_gemv_half_kernel|_router_gemv_topk_kernel|_recurrent_norm_kernel" \
-  --launch-count "${NCU_LAUNCHES:-12}" --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-  --section SchedulerStats python3 benchmarks/kernels/profile_ncu.py > "$OUT/$NAME-ncu.txt" 2>&1
+  --launch-count "${NCU_LAUNCHES:-12}" --section SpeedOfLight --section Occupancy --section WarpStateStats ${NCU_EXTRA:---section LaunchStats --section SchedulerStats} \
+  python3 benchmarks/kernels/profile_ncu.py > "$OUT/$NAME-ncu.txt" 2>&1
 echo "ncu rc=$?"; python3 benchmarks/kernels/ncu_stalls.py "$OUT/$NAME-ncu.txt" | cut -c1-200 | head -n 60
