@@ -12,6 +12,7 @@ import itertools
 import torch
 
 from reference_engine.config import EngineConfig
+from reference_engine.detokenizer import IncrementalText
 from reference_engine.outputs import CompletionOutput, RequestOutput
 from reference_engine.runner import ModelRunner
 from reference_engine.sampler import SamplingRow
@@ -65,6 +66,7 @@ class LLMEngine:
         self.eos_token_ids = tuple(getattr(tokenizer, "eos_token_ids", ()) or model.config.eos_token_ids)
         self._seed_generator = torch.Generator().manual_seed(config.seed)  # seeds of unseeded requests
         self._ids = itertools.count()
+        self._texts: dict[str, IncrementalText] = {}  # request id -> its output text so far, until it finishes
 
     # Requests --------------------------------------------------------------------------------
     def add_request(self, request_id: str | None = None, prompt: str | None = None, params: SamplingParams | None = None,
@@ -125,11 +127,17 @@ class LLMEngine:
         )
 
     def _output(self, seq: Sequence) -> RequestOutput:
+        texts = self._texts.get(seq.request_id)
+        if texts is None:
+            texts = self._texts[seq.request_id] = IncrementalText(self.tokenizer)
+        finished = seq.status is SequenceStatus.FINISHED
+        if finished:
+            del self._texts[seq.request_id]
         completion = CompletionOutput(
             index=0,
-            text=self.tokenizer.decode(seq.output_token_ids),
+            text=texts.text(seq.output_token_ids),  # tokenizer.decode(output ids), without decoding them all each step
             token_ids=tuple(seq.output_token_ids),
-            finish_reason=seq.finish_reason if seq.status is SequenceStatus.FINISHED else None,
+            finish_reason=seq.finish_reason if finished else None,
             logprobs=tuple(seq.logprobs) if seq.params.logprobs is not None else None,
             stop_reason=seq.stop_reason if seq.finish_reason == "stop" else None,
         )

@@ -108,6 +108,12 @@ class TextTokenizer:
     def decode(self, token_ids, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
+    @property
+    def byte_level_decoder(self) -> bool:
+        """Whether the decoder is `tokenizers`' ByteLevel alone, so a token list split after a complete character
+        decodes to the same text in two pieces (`detokenizer.IncrementalText`)."""
+        return isinstance(self.tokenizer.decoder, decoders.ByteLevel)
+
     @classmethod
     def from_dir(cls, path: str | Path) -> TextTokenizer:
         """Load `tokenizer.json` of a checkpoint; end-of-sequence ids from generation_config.json or config.json."""
