@@ -147,7 +147,7 @@ class EngineBench:
     def throughput(self, batch: int) -> dict:
         prompts = [self._random_prompt(self.batch_prompt_tokens) for _ in range(batch)]
         # Warm-up with the timed prompts' lengths: captures this bucket's graph and compiles the kernels of a prefill of
-        # this many prompt tokens (run69 warmed up on 16-token prompts; its end-to-end rates then held 2 to 9 s outside
+        # this many prompt tokens (run69 warmed up on 16-token prompts; its end-to-end rates then held 2.3 to 9.3 s outside
         # the decode steps, e.g. 675 tok/s end to end against 2,842 in the decode steps at batch 32).
         self._run([self._random_prompt(self.batch_prompt_tokens) for _ in range(batch)], max_tokens=3)  # other prompts, same lengths
         self.recorder.records.clear()
