@@ -2,8 +2,8 @@
 # GPU calls of the twenty-second session. Usage: OUT=$OUT NAME=run67 COMMIT=<sha> PHASE=h200|loop|ncu bash benchmarks/gpu_session22.sh
 # PHASE=h200 (about 400 s): the full bench with the peer on the committed tuning (the issue's card; the last H200 bench
 #   was run53/54), then with time left the NVFP4 LM head variant (no peer, 64 tokens, batches 1 and 32).
-# PHASE=loop (about 300 s): the grouped-half CUDA test (the K loop's forms bit-equal at 8, 32, 64 tokens), then
-#   `time_moe_grouped_half.py` over the committed plan and its loop 1/2/3 forms at 16, 32, 64 tokens (writes
+# PHASE=loop (about 300 s): the grouped-half CUDA test, then `time_moe_grouped_half.py` over GROUPED_PLANS at 16, 32, 64
+#   tokens (run68, at fbebcae, timed the plan field `loop`'s forms; measured slower, that field was removed after it) (writes
 #   $OUT/$NAME-grouped-tuning.json when a plan wins by 3%), then with time left short benches on that tuning and on the
 #   committed one, in that order; then with time left the NVFP4 LM head at batch 1 (its TTFT after d754835).
 # PHASE=ncu (about 200 s): Nsight Compute on the decode MoE kernels (`kernels/profile_ncu.py`: batch 1 per-pair kernels,
@@ -40,7 +40,7 @@ if [ "$PHASE" = loop ]; then
   echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$OUT/$NAME-pytest.log" | tail -n 4 | cut -c1-300
   if grep -q "FAILED" "$OUT/$NAME-pytest.log"; then grep -E "^E " "$OUT/$NAME-pytest.log" | head -n 10 | cut -c1-300; echo "timing skipped"; exit 0; fi
   timeout "${GROUPED_S:-240}" python3 benchmarks/kernels/time_moe_grouped_half.py "$OUT/$NAME-grouped-half.json" --tokens "${GROUPED_TOKENS:-16,32,64}" \
-      --plans "${GROUPED_PLANS:-fp8_k_step_4_pairs,fp8_k_step_4_pairs_loop_1,fp8_k_step_4_pairs_loop_2,fp8_k_step_4_pairs_loop_3,fp8_k_step_8_pairs_loop_1,fp8_rows_64_pairs_loop_1}" \
+      --plans "${GROUPED_PLANS:-fp8_k_step_4_pairs,fp8_k_step_8_pairs,fp8_down_64_k_step_4_pairs}" \
       --tuning "$TUNING" "$OUT/$NAME-grouped-tuning.json" > "$OUT/$NAME-grouped-half.log" 2>&1
   echo "grouped half rc=$?"; grep -E "^T=|best plan|wrote|Error" "$OUT/$NAME-grouped-half.log" | cut -c1-160
   if [ -s "$OUT/$NAME-grouped-tuning.json" ] && [ "$SECONDS" -lt "${BENCH_BEFORE_S:-300}" ]; then

@@ -84,12 +84,11 @@ def configs():
     yield "moe gate_up half shared", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*bf16", "shared_w_ptr": "*i64", "shared_scale_ptr": "*fp8e4nv", "shared_scale_2_ptr": "*fp32"}, {"H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 32, "BLOCK_K": 64, "SHARED": True, "LOOP": 3, "DECODE": 3}
     half_grouped = {"counts_ptr": "*i32", "pairs_ptr": "*i32", "P": I32, "T": I32, "w_ptr": "*i64", "s_ptr": "*fp8e4nv", "s2_ptr": "*fp32",
                     "shared_w_ptr": "*i64", "shared_s_ptr": "*fp8e4nv", "shared_s2_ptr": "*fp32"}  # fmt: skip
-    for rows, blocks, warps, pairs, fp8, loop in ((32, 8, 4, 0, False, 0), (64, 16, 8, 0, False, 0), (32, 4, 4, 1, False, 0), (32, 4, 4, 1, True, 0),
-                                                  (32, 8, 4, 0, True, 0), (32, 4, 4, 1, True, 1), (32, 4, 4, 1, True, 3), (32, 8, 4, 1, True, 1)):  # fmt: skip
-        yield f"moe half grouped gate_up {rows}x{blocks} pairs={pairs} fp8={fp8} loop={loop}", moe_grouped_half._gate_up_kernel, half_grouped | {"x32_ptr": "*i32", "act_ptr": "*i32" if pairs else "*bf16"}, {
-            "I": 512, "H_WORDS": 1024, "K_BLOCKS": 128, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": blocks, "ASM": True, "PAIRS": pairs, "FP8": fp8, "LOOP": loop, "num_warps": warps}
-        yield f"moe half grouped down {rows}x{blocks} pairs={pairs} fp8={fp8} loop={loop}", moe_grouped_half._down_kernel, half_grouped | {"act32_ptr": "*i32", "weights_ptr": "*fp32", "y_ptr": "*fp32"}, {
-            "H": 2048, "I_WORDS": 256, "K_BLOCKS": 32, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": min(blocks, 32), "ASM": True, "PAIRS": pairs, "FP8": fp8, "LOOP": loop, "num_warps": warps}
+    for rows, blocks, warps, pairs, fp8 in ((32, 8, 4, 0, False), (64, 16, 8, 0, False), (32, 4, 4, 1, False), (32, 4, 4, 1, True), (32, 8, 4, 0, True)):
+        yield f"moe half grouped gate_up {rows}x{blocks} pairs={pairs} fp8={fp8}", moe_grouped_half._gate_up_kernel, half_grouped | {"x32_ptr": "*i32", "act_ptr": "*i32" if pairs else "*bf16"}, {
+            "I": 512, "H_WORDS": 1024, "K_BLOCKS": 128, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": blocks, "ASM": True, "PAIRS": pairs, "FP8": fp8, "num_warps": warps}
+        yield f"moe half grouped down {rows}x{blocks} pairs={pairs} fp8={fp8}", moe_grouped_half._down_kernel, half_grouped | {"act32_ptr": "*i32", "weights_ptr": "*fp32", "y_ptr": "*fp32"}, {
+            "H": 2048, "I_WORDS": 256, "K_BLOCKS": 32, "SLOTS": 9, "SHARED_CHUNKS": 8, "BN": rows, "BB": min(blocks, 32), "ASM": True, "PAIRS": pairs, "FP8": fp8, "num_warps": warps}
     for fp8 in (False, True):
         yield f"moe half grouped x pairs fp8={fp8}", moe_grouped_half._pairs_kernel, {"x32_ptr": "*i32", "out_ptr": "*i32"}, {"WORDS": 1024, "K_BLOCKS": 128, "BLOCK_B": 32, "ASM": True, "FP8": fp8}
     yield "l2 prefetch", l2_prefetch._l2_prefetch_kernel, {"table_ptr": "*i64", "n": I32}, {"BLOCK": l2_prefetch.BLOCK}

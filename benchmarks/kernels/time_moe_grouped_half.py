@@ -63,13 +63,6 @@ PLANS = {  # run30 named them "default 32x8", "gate/up 16 rows", "64 rows", ... 
     "fp8_gate_up_16_k_step_4_pairs": HalfGroupedPlan(gate_up_block_n=16, gate_up_block_b=4, down_block_b=4, pairs=1, fp8=1),
     "fp8_down_64_k_step_4_pairs": HalfGroupedPlan(gate_up_block_b=4, down_block_n=64, down_block_b=4, pairs=1, fp8=1),
     "fp8_warps_8_rows_64_pairs": HalfGroupedPlan(gate_up_block_n=64, down_block_n=64, gate_up_block_b=4, down_block_b=4, num_warps=8, pairs=1, fp8=1),
-    # the K loop with more weight bytes in flight (twenty-second session: one 16-byte block per thread per step, loaded then
-    # used at once, about 14 KB in flight per SM): the next step's loads issued ahead (loop 1), or Triton's pipeliner
-    "fp8_k_step_4_pairs_loop_1": HalfGroupedPlan(gate_up_block_b=4, down_block_b=4, pairs=1, fp8=1, loop=1),
-    "fp8_k_step_4_pairs_loop_2": HalfGroupedPlan(gate_up_block_b=4, down_block_b=4, pairs=1, fp8=1, loop=2),
-    "fp8_k_step_4_pairs_loop_3": HalfGroupedPlan(gate_up_block_b=4, down_block_b=4, pairs=1, fp8=1, loop=3),
-    "fp8_k_step_8_pairs_loop_1": HalfGroupedPlan(gate_up_block_b=8, down_block_b=8, pairs=1, fp8=1, loop=1),
-    "fp8_rows_64_pairs_loop_1": HalfGroupedPlan(gate_up_block_n=64, down_block_n=64, gate_up_block_b=4, down_block_b=4, pairs=1, fp8=1, loop=1),
 }
 
 

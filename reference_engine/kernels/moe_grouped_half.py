@@ -28,9 +28,9 @@ Numerics are those of the per-pair packed float16 path (products and 16-term blo
 float32 sums in another order. bfloat16 x only (the x pairs are built from bfloat16 words); `MIN_TOKENS` / `MAX_TOKENS`
 (tuning key `moe_grouped_half`) pick the batches `moe_decode.moe_block_decode` sends here.
 
-Plan `loop` picks the K loop's form, the same products in the same order: 0 each step's loads then its products, 1 the
-next step's weight blocks and scales loaded before this step's products, 2 to 4 Triton's pipeliner with that many stages.
-On an H200 (run68) 1 was 4 to 7% slower than 0 at 16 to 64 tokens and the pipeliner 1.6 to 2x slower, so 0 is committed.
+Measured and removed: the K loop with the next step's weight blocks and scales loaded before this step's products, and
+the loop handed to Triton's pipeliner (plan field `loop`, commits 68a1339 to be266b6). On an H200 (run68) the first was
+4 to 7% slower at 16 to 64 tokens and the second 1.6 to 2x slower, with the same bits.
 """
 
 from __future__ import annotations
@@ -80,8 +80,6 @@ class HalfGroupedPlan:
     pairs: int = 0  # 1: x and the activation are converted once into float16 pairs in the block dot's order (one launch for x;
     # the gate/up kernel writes the activation so), 0: each program converts the bfloat16 words it reads
     fp8: int = 0  # 1: codes widened through E4M3 (`nvfp4_half_dot`'s FP8 decode; x pairs in its order, times 4)
-    loop: int = 0  # the K loop: 0 plain (each step's loads, then its products), 1 the next step's weight blocks and scales
-    # loaded before this step's products (held in registers), 2 or more `tl.range` with that many stages (Triton's pipeliner)
 
 
 PLAN = HalfGroupedPlan()
@@ -231,55 +229,10 @@ def _pairs_kernel(x32_ptr, out_ptr, WORDS: tl.constexpr, K_BLOCKS: tl.constexpr,
 
 
 @triton.jit
-def _gate_up_loads(blocks_ptr, scale_ptr, gate_rows, block0, I: tl.constexpr, K_BLOCKS: tl.constexpr, BB: tl.constexpr):
-    """One K step's weights: the gate and up int64 blocks [BN, BB] and their E4M3 scales (scale blocks block0..; a step
-    past the last block loads nothing)."""
-    cols = block0 + tl.arange(0, BB)
-    tile_ok = (cols < K_BLOCKS)[None, :]  # rows are clamped in range; only the last K step can run past a row
-    gate_offsets = gate_rows[:, None] * K_BLOCKS + cols[None, :]
-    up_offsets = gate_offsets + I * K_BLOCKS
-    gate_scale = tl.load(scale_ptr + gate_offsets, mask=tile_ok, other=0.0)
-    up_scale = tl.load(scale_ptr + up_offsets, mask=tile_ok, other=0.0)
-    gate_block = tl.load(blocks_ptr + gate_offsets, mask=tile_ok, other=0)
-    up_block = tl.load(blocks_ptr + up_offsets, mask=tile_ok, other=0)
-    return gate_block, up_block, gate_scale, up_scale
-
-
-@triton.jit
-def _gate_up_step(
-    x32_ptr, t0, t1, t2, t3, block0, gate_block, up_block, gate_scale, up_scale, g0, u0, g1, u1, g2, u2, g3, u3,
-    H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, TC: tl.constexpr, ASM: tl.constexpr,
-    PAIRS: tl.constexpr, FP8: tl.constexpr,
-):
-    """One K step's products: the decoded gate and up tiles against TC tokens' x pairs, added to the accumulators."""
-    cols = block0 + tl.arange(0, BB)
-    ok = cols < K_BLOCKS
-    gate_scale = gate_scale.to(tl.float32)
-    up_scale = up_scale.to(tl.float32)
-    a0, a1, a2, a3, a4, a5, a6, a7 = _decoded(gate_block, ASM, FP8)
-    b0, b1, b2, b3, b4, b5, b6, b7 = _decoded(up_block, ASM, FP8)
-    row = x32_ptr + t0 * H_WORDS
-    g0 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
-    u0 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
-    if TC >= 2:
-        row = x32_ptr + t1 * H_WORDS
-        g1 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
-        u1 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
-    if TC >= 4:
-        row = x32_ptr + t2 * H_WORDS
-        g2 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
-        u2 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
-        row = x32_ptr + t3 * H_WORDS
-        g3 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
-        u3 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
-    return g0, u0, g1, u1, g2, u2, g3, u3
-
-
-@triton.jit
 def _gate_up_chunk(
     x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr,
     I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, TC: tl.constexpr, ASM: tl.constexpr,
-    PAIRS: tl.constexpr, FP8: tl.constexpr, LOOP: tl.constexpr,
+    PAIRS: tl.constexpr, FP8: tl.constexpr,
 ):
     """Gate and up rows `gate_rows` [BN] (int64, up rows I further) against TC tokens t0.. (pairs p0.., the first n real):
     act[p_i, rows] = silu(gate) * up."""
@@ -291,23 +244,30 @@ def _gate_up_chunk(
     u2 = g0
     g3 = g0
     u3 = g0
-    if LOOP == 1:  # the next step's weights in flight while this step's products run
-        gate_block, up_block, gate_scale, up_scale = _gate_up_loads(blocks_ptr, scale_ptr, gate_rows, 0, I, K_BLOCKS, BB)
-        for block0 in range(0, K_BLOCKS, BB):
-            gate_here, up_here, gate_scale_here, up_scale_here = gate_block, up_block, gate_scale, up_scale
-            gate_block, up_block, gate_scale, up_scale = _gate_up_loads(blocks_ptr, scale_ptr, gate_rows, block0 + BB, I, K_BLOCKS, BB)
-            g0, u0, g1, u1, g2, u2, g3, u3 = _gate_up_step(x32_ptr, t0, t1, t2, t3, block0, gate_here, up_here, gate_scale_here, up_scale_here,
-                                                           g0, u0, g1, u1, g2, u2, g3, u3, H_WORDS, K_BLOCKS, BN, BB, TC, ASM, PAIRS, FP8)  # fmt: skip
-    elif LOOP >= 2:
-        for block0 in tl.range(0, K_BLOCKS, BB, num_stages=LOOP):
-            gate_block, up_block, gate_scale, up_scale = _gate_up_loads(blocks_ptr, scale_ptr, gate_rows, block0, I, K_BLOCKS, BB)
-            g0, u0, g1, u1, g2, u2, g3, u3 = _gate_up_step(x32_ptr, t0, t1, t2, t3, block0, gate_block, up_block, gate_scale, up_scale,
-                                                           g0, u0, g1, u1, g2, u2, g3, u3, H_WORDS, K_BLOCKS, BN, BB, TC, ASM, PAIRS, FP8)  # fmt: skip
-    else:
-        for block0 in range(0, K_BLOCKS, BB):
-            gate_block, up_block, gate_scale, up_scale = _gate_up_loads(blocks_ptr, scale_ptr, gate_rows, block0, I, K_BLOCKS, BB)
-            g0, u0, g1, u1, g2, u2, g3, u3 = _gate_up_step(x32_ptr, t0, t1, t2, t3, block0, gate_block, up_block, gate_scale, up_scale,
-                                                           g0, u0, g1, u1, g2, u2, g3, u3, H_WORDS, K_BLOCKS, BN, BB, TC, ASM, PAIRS, FP8)  # fmt: skip
+    for block0 in range(0, K_BLOCKS, BB):
+        cols = block0 + tl.arange(0, BB)
+        ok = cols < K_BLOCKS
+        tile_ok = ok[None, :]  # rows are clamped in range; only the last K step can run past a row
+        gate_offsets = gate_rows[:, None] * K_BLOCKS + cols[None, :]
+        up_offsets = gate_offsets + I * K_BLOCKS
+        gate_scale = tl.load(scale_ptr + gate_offsets, mask=tile_ok, other=0.0).to(tl.float32)
+        up_scale = tl.load(scale_ptr + up_offsets, mask=tile_ok, other=0.0).to(tl.float32)
+        a0, a1, a2, a3, a4, a5, a6, a7 = _decoded(tl.load(blocks_ptr + gate_offsets, mask=tile_ok, other=0), ASM, FP8)
+        b0, b1, b2, b3, b4, b5, b6, b7 = _decoded(tl.load(blocks_ptr + up_offsets, mask=tile_ok, other=0), ASM, FP8)
+        row = x32_ptr + t0 * H_WORDS
+        g0 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
+        u0 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
+        if TC >= 2:
+            row = x32_ptr + t1 * H_WORDS
+            g1 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
+            u1 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
+        if TC >= 4:
+            row = x32_ptr + t2 * H_WORDS
+            g2 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
+            u2 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
+            row = x32_ptr + t3 * H_WORDS
+            g3 += _token_sums(row, cols, ok, a0, a1, a2, a3, a4, a5, a6, a7, BN, BB, ASM, PAIRS, FP8) * gate_scale
+            u3 += _token_sums(row, cols, ok, b0, b1, b2, b3, b4, b5, b6, b7, BN, BB, ASM, PAIRS, FP8) * up_scale
     _store_act(act_ptr, p0, rows, n > 0, g0, u0, gate_s2, up_s2, I, BN, ASM, PAIRS, FP8)
     if TC >= 2:
         _store_act(act_ptr, p1, rows, n > 1, g1, u1, gate_s2, up_s2, I, BN, ASM, PAIRS, FP8)
@@ -345,15 +305,15 @@ def _store_act(act_ptr, pair, rows, valid, gate_acc, up_acc, gate_s2, up_s2, I: 
 def _gate_up_chunks(
     x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr,
     I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr,
-    FP8: tl.constexpr, LOOP: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     """One chunk of n (1..4) tokens, with the products for 1, 2 or 4 of them."""
     if n == 1:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS, FP8, LOOP)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS, FP8)
     elif n == 2:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS, FP8, LOOP)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS, FP8)
     else:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS, FP8, LOOP)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS, FP8)
 
 
 @triton.jit
@@ -382,7 +342,7 @@ def _shared_chunk_pairs(chunk, T, SLOTS: tl.constexpr):
 def _gate_up_kernel(
     x32_ptr, counts_ptr, pairs_ptr, P, T, w_ptr, s_ptr, s2_ptr, shared_w_ptr, shared_s_ptr, shared_s2_ptr, act_ptr,
     I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, SLOTS: tl.constexpr, SHARED_CHUNKS: tl.constexpr,
-    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0, FP8: tl.constexpr = False, LOOP: tl.constexpr = 0,
+    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0, FP8: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -392,7 +352,7 @@ def _gate_up_kernel(
         gate_s2 = tl.load(shared_s2_ptr) * 16.0
         up_s2 = tl.load(shared_s2_ptr + 1) * 16.0
         _gate_up_chunks(x32_ptr, p0 // SLOTS, p1 // SLOTS, p2 // SLOTS, p3 // SLOTS, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows,
-                        gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8, LOOP)  # fmt: skip
+                        gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)  # fmt: skip
     else:
         group = pid - SHARED_CHUNKS + 1  # group lists: 0 the shared expert (unused here), 1 + e expert e
         count = tl.load(counts_ptr + group)
@@ -406,64 +366,34 @@ def _gate_up_kernel(
             n = tl.minimum(count - m0, 4)
             p0, p1, p2, p3 = _chunk_pairs(group_pairs, m0, n)
             _gate_up_chunks(x32_ptr, p0 // SLOTS, p1 // SLOTS, p2 // SLOTS, p3 // SLOTS, p0, p1, p2, p3, n, w_ptr, s_ptr, gate_rows, rows,
-                            gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8, LOOP)  # fmt: skip
+                            gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)  # fmt: skip
             m0 += 4
-
-
-@triton.jit
-def _down_loads(blocks_ptr, scale_ptr, down_rows, block0, K_BLOCKS: tl.constexpr, BB: tl.constexpr):
-    """One K step's down weights: int64 blocks [BN, BB] and their E4M3 scales (a step past the last block loads nothing)."""
-    cols = block0 + tl.arange(0, BB)
-    tile_ok = (cols < K_BLOCKS)[None, :]  # rows are clamped in range
-    offsets = down_rows[:, None] * K_BLOCKS + cols[None, :]
-    return tl.load(blocks_ptr + offsets, mask=tile_ok, other=0), tl.load(scale_ptr + offsets, mask=tile_ok, other=0.0)
-
-
-@triton.jit
-def _down_step(
-    act32_ptr, p0, p1, p2, p3, block0, block, scale, a0, a1, a2, a3, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr,
-    BB: tl.constexpr, TC: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr, FP8: tl.constexpr,
-):
-    """One K step's products: the decoded down tile against TC pairs' activations, added to the accumulators."""
-    cols = block0 + tl.arange(0, BB)
-    ok = cols < K_BLOCKS
-    scale = scale.to(tl.float32)
-    c0, c1, c2, c3, c4, c5, c6, c7 = _decoded(block, ASM, FP8)
-    a0 += _token_sums(act32_ptr + p0.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
-    if TC >= 2:
-        a1 += _token_sums(act32_ptr + p1.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
-    if TC >= 4:
-        a2 += _token_sums(act32_ptr + p2.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
-        a3 += _token_sums(act32_ptr + p3.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
-    return a0, a1, a2, a3
 
 
 @triton.jit
 def _down_chunk(
     act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr,
     H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, TC: tl.constexpr, ASM: tl.constexpr,
-    PAIRS: tl.constexpr, FP8: tl.constexpr, LOOP: tl.constexpr,
+    PAIRS: tl.constexpr, FP8: tl.constexpr,
 ):
     """Down rows `down_rows` [BN] (int64) against the activations of TC pairs p0..: y[p_i, rows] = weight * (rows @ act)."""
     a0 = tl.zeros((BN, BB), dtype=tl.float32)
     a1 = a0
     a2 = a0
     a3 = a0
-    if LOOP == 1:  # the next step's weights in flight while this step's products run
-        block, scale = _down_loads(blocks_ptr, scale_ptr, down_rows, 0, K_BLOCKS, BB)
-        for block0 in range(0, K_BLOCKS, BB):
-            block_here, scale_here = block, scale
-            block, scale = _down_loads(blocks_ptr, scale_ptr, down_rows, block0 + BB, K_BLOCKS, BB)
-            a0, a1, a2, a3 = _down_step(act32_ptr, p0, p1, p2, p3, block0, block_here, scale_here, a0, a1, a2, a3, I_WORDS, K_BLOCKS, BN, BB, TC, ASM,
-                                        PAIRS, FP8)  # fmt: skip
-    elif LOOP >= 2:
-        for block0 in tl.range(0, K_BLOCKS, BB, num_stages=LOOP):
-            block, scale = _down_loads(blocks_ptr, scale_ptr, down_rows, block0, K_BLOCKS, BB)
-            a0, a1, a2, a3 = _down_step(act32_ptr, p0, p1, p2, p3, block0, block, scale, a0, a1, a2, a3, I_WORDS, K_BLOCKS, BN, BB, TC, ASM, PAIRS, FP8)
-    else:
-        for block0 in range(0, K_BLOCKS, BB):
-            block, scale = _down_loads(blocks_ptr, scale_ptr, down_rows, block0, K_BLOCKS, BB)
-            a0, a1, a2, a3 = _down_step(act32_ptr, p0, p1, p2, p3, block0, block, scale, a0, a1, a2, a3, I_WORDS, K_BLOCKS, BN, BB, TC, ASM, PAIRS, FP8)
+    for block0 in range(0, K_BLOCKS, BB):
+        cols = block0 + tl.arange(0, BB)
+        ok = cols < K_BLOCKS
+        tile_ok = ok[None, :]  # rows are clamped in range
+        offsets = down_rows[:, None] * K_BLOCKS + cols[None, :]
+        scale = tl.load(scale_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
+        c0, c1, c2, c3, c4, c5, c6, c7 = _decoded(tl.load(blocks_ptr + offsets, mask=tile_ok, other=0), ASM, FP8)
+        a0 += _token_sums(act32_ptr + p0.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
+        if TC >= 2:
+            a1 += _token_sums(act32_ptr + p1.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
+        if TC >= 4:
+            a2 += _token_sums(act32_ptr + p2.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
+            a3 += _token_sums(act32_ptr + p3.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
     row_ok = rows < H
     _store_y(y_ptr, weights_ptr, p0, rows, row_ok, a0, s2, H)
     if TC >= 2:
@@ -483,21 +413,21 @@ def _store_y(y_ptr, weights_ptr, pair, rows, mask, acc, s2, H: tl.constexpr):
 def _down_chunks(
     act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr,
     H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr,
-    FP8: tl.constexpr, LOOP: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     if n == 1:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS, FP8, LOOP)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS, FP8)
     elif n == 2:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS, FP8, LOOP)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS, FP8)
     else:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS, FP8, LOOP)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS, FP8)
 
 
 @triton.jit
 def _down_kernel(
     act32_ptr, weights_ptr, counts_ptr, pairs_ptr, P, T, w_ptr, s_ptr, s2_ptr, shared_w_ptr, shared_s_ptr, shared_s2_ptr, y_ptr,
     H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, SLOTS: tl.constexpr, SHARED_CHUNKS: tl.constexpr,
-    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0, FP8: tl.constexpr = False, LOOP: tl.constexpr = 0,
+    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0, FP8: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -505,7 +435,7 @@ def _down_kernel(
     if pid < SHARED_CHUNKS:
         n, p0, p1, p2, p3 = _shared_chunk_pairs(pid, T, SLOTS)
         s2 = tl.load(shared_s2_ptr) * 16.0
-        _down_chunks(act32_ptr, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8, LOOP)
+        _down_chunks(act32_ptr, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)
     else:
         group = pid - SHARED_CHUNKS + 1
         count = tl.load(counts_ptr + group)
@@ -517,7 +447,7 @@ def _down_kernel(
         while m0 < count:
             n = tl.minimum(count - m0, 4)
             p0, p1, p2, p3 = _chunk_pairs(group_pairs, m0, n)
-            _down_chunks(act32_ptr, p0, p1, p2, p3, n, w_ptr, s_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8, LOOP)
+            _down_chunks(act32_ptr, p0, p1, p2, p3, n, w_ptr, s_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)
             m0 += 4
 
 
@@ -574,7 +504,7 @@ def half_grouped_experts_with_shared(
         source, counts, group_pairs, pairs, tokens,
         gu_packed.view(torch.int64), gu_scale, gu_scale_2, s_gu_packed.view(torch.int64), s_gu_scale, s_gu_scale_2, act,
         I=inter, H_WORDS=hidden // 2, K_BLOCKS=hidden // 16, SLOTS=slots, SHARED_CHUNKS=shared_chunks,
-        BN=block_n, BB=_steps(p.gate_up_block_b, hidden // 16), ASM=asm, PAIRS=p.pairs, FP8=bool(p.fp8), LOOP=p.loop, num_warps=p.num_warps,
+        BN=block_n, BB=_steps(p.gate_up_block_b, hidden // 16), ASM=asm, PAIRS=p.pairs, FP8=bool(p.fp8), num_warps=p.num_warps,
     )
     if act.dtype == torch.float32:
         act = act.to(torch.bfloat16)
@@ -584,6 +514,6 @@ def half_grouped_experts_with_shared(
         act.view(torch.int32), topk_weights.contiguous(), counts, group_pairs, pairs, tokens,
         down_packed.view(torch.int64), down_scale, down_scale_2, s_down_packed.view(torch.int64), s_down_scale, s_down_scale_2, y,
         H=hidden, I_WORDS=inter // 2, K_BLOCKS=inter // 16, SLOTS=slots, SHARED_CHUNKS=shared_chunks,
-        BN=block_n, BB=_steps(p.down_block_b, inter // 16), ASM=asm, PAIRS=p.pairs, FP8=bool(p.fp8), LOOP=p.loop, num_warps=p.num_warps,
+        BN=block_n, BB=_steps(p.down_block_b, inter // 16), ASM=asm, PAIRS=p.pairs, FP8=bool(p.fp8), num_warps=p.num_warps,
     )
     slot_sum(y, out, slots)

@@ -131,7 +131,6 @@ class MoeGroupedHalfSettings(BaseModel):
     num_warps: int = Field(default=4, ge=1, le=16)
     pairs: int = Field(default=0, ge=0, le=1)  # x and the activation converted once into float16 pairs
     fp8: int = Field(default=0, ge=0, le=1)  # codes widened through E4M3 (`nvfp4_half_dot`'s FP8 decode)
-    loop: int = Field(default=0, ge=0, le=4)  # the K loop: 0 plain, 1 next step's weights loaded ahead, 2..4 pipeliner stages
 
 
 class MoePersistentSettings(BaseModel):

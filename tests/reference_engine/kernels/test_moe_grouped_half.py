@@ -5,8 +5,7 @@ moe/moe-block-decode's bfloat16 CPU cases through the grouped path, and a known-
 applied to its first pair only) that the contract's cases must reject; then, one case per test, scripts against the torch op (float32 x) and the per-pair Triton kernels (the same bfloat16 x), with chunks of 1, 2, 3
 and 4 tokens, a busy expert of more than one chunk, a shared expert of several chunks with a short last one, repeated
 ids within a row, act, y and outputs poisoned with NaN, and x and the activation converted once into float16 pairs
-(plan `pairs` 1) giving the same bits, and the K loop with the next step's weights loaded ahead or pipelined (plan `loop` 1 and 3)
-giving the same bits; two more known-wrong variants (first chunk only, too few
+(plan `pairs` 1) giving the same bits; two more known-wrong variants (first chunk only, too few
 shared-expert programs) must miss by far. CUDA: the real layer against the per-pair kernels at batch 8, 32 and 64.
 """
 
@@ -86,14 +85,6 @@ widened = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfG
 assert rel(widened, grouped) < 1e-5, ("fp8 1 computes another function", rel(widened, grouped))
 widened_pairs = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(fp8=1, pairs=1, gate_up_block_n=8))
 assert torch.equal(widened_pairs, widened), "fp8 with x and act converted once differs from the conversion per program"
-# The K loop with the next step's weights loaded ahead (loop 1) or through Triton's pipeliner (loop 3): the same bits, over
-# 4 gate/up steps and 2 down steps (the last prefetch runs past the row and must load nothing).
-stepped = dict(fp8=1, pairs=1, gate_up_block_n=8, gate_up_block_b=2, down_block_b=2)
-plain = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(**stepped))
-assert rel(plain, widened) < 1e-5, "4 gate/up steps compute another function"
-for loop in (1, 3):
-    looped = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(**stepped, loop=loop))
-    assert torch.equal(looped, plain), f"loop {loop} differs from the plain K loop"
 print("ok")
 """
 
@@ -161,8 +152,7 @@ def test_half_grouped_block_rejects_wrong_variants_and_float32_x():
 @pytest.mark.cuda
 @pytest.mark.parametrize("tokens", [8, 32, 64])
 def test_half_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
-    """E=256, H=2048, I=512, top-8 + shared, bf16: grouped and per-pair (packed float16) outputs within float32 order; the
-    K loop's forms (plan `loop` 0, 1, 3) bit-equal."""
+    """E=256, H=2048, I=512, top-8 + shared, bf16: grouped and per-pair (packed float16) outputs within float32 order."""
     from real_moe_layer import HIDDEN, real_decode_inputs
 
     from reference_engine.kernels import moe_decode
@@ -177,10 +167,7 @@ def test_half_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
                                 (2, half.half_grouped_experts_with_shared, half.HalfGroupedPlan(pairs=1)),
                                 (3, half.half_grouped_experts_with_shared, half.HalfGroupedPlan(fp8=1)),
                                 (3, half.half_grouped_experts_with_shared, half.HalfGroupedPlan(fp8=1, pairs=1)),
-                                (3, moe_decode.nvfp4_experts_with_shared, None),
-                                (3, half.half_grouped_experts_with_shared, half.HalfGroupedPlan(fp8=1, pairs=1, gate_up_block_b=4, down_block_b=4)),
-                                (3, half.half_grouped_experts_with_shared, half.HalfGroupedPlan(fp8=1, pairs=1, gate_up_block_b=4, down_block_b=4, loop=1)),
-                                (3, half.half_grouped_experts_with_shared, half.HalfGroupedPlan(fp8=1, pairs=1, gate_up_block_b=4, down_block_b=4, loop=3))):  # fmt: skip
+                                (3, moe_decode.nvfp4_experts_with_shared, None)):  # fmt: skip
             moe_decode.WORDS = words  # the per-pair packed float16 path (3: with the E4M3 decode): the same block products
             out = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
             op(x, weights, ids, experts, shared, out, **({} if plan is None else {"plan": plan}))
@@ -194,6 +181,3 @@ def test_half_grouped_matches_the_per_pair_kernels_on_the_real_layer(tokens):
     widened = float((outs[3].double() - outs[5].double()).norm() / outs[5].double().norm())  # the E4M3 decode: grouped vs per pair
     assert torch.isfinite(outs[3]).all() and widened < 1e-3, widened
     assert torch.equal(outs[4], outs[3]), "fp8 with x and act converted once gives other bits than the conversion per program"
-    assert torch.isfinite(outs[6]).all()
-    for loop, out in ((1, outs[7]), (3, outs[8])):  # the next step's weights loaded ahead / pipelined: the same products in the same order
-        assert torch.equal(out, outs[6]), f"loop {loop} gives other bits than the plain K loop"
