@@ -142,7 +142,10 @@ class StaticDecoder:
         )  # [S]
         staged = rows * (5 + max_blocks_per_seq)
         self.staging = torch.zeros(staged, dtype=torch.int64, device=device)  # the step's integers, unpacked by the step
-        self._host = torch.zeros(staged, dtype=torch.int64, pin_memory=device.type == "cuda")  # pinned on CUDA: async copy
+        # two pinned host buffers (on CUDA: async copies), used in turn: with async decoding the host stages step n + 1
+        # while step n's copy may not have run yet, so step n + 1 must not write the buffer that step n reads
+        self._hosts = tuple(torch.zeros(staged, dtype=torch.int64, pin_memory=device.type == "cuda") for _ in range(2))
+        self._turn = 0
         self._last_values: dict[int, list[int]] = {}  # bucket -> the integers last staged for it
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -206,8 +209,10 @@ class StaticDecoder:
             values += [scratch.block] * (width - len(c.block_table))
         values += [scratch.block] * (width * padding)
         count = len(values)  # 5 * bucket + bucket * width
-        self._host[:count] = torch.tensor(values, dtype=torch.int64)
-        self.staging[:count].copy_(self._host[:count], non_blocking=self._host.is_pinned())
+        host = self._hosts[self._turn]
+        self._turn ^= 1
+        host[:count] = torch.tensor(values, dtype=torch.int64)
+        self.staging[:count].copy_(host[:count], non_blocking=host.is_pinned())
         self._last_values[bucket] = values
         return bucket
 
@@ -237,10 +242,18 @@ class StaticDecoder:
         )  # greedy tokens [b]: first maximum, ties to the lowest id
 
     @torch.inference_mode()
-    def run(self, plan: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode step: (logits [B, V] float32, greedy tokens [B] int64), views of this step's outputs."""
+    def run(self, plan: SchedulerOutput, input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step: (logits [B, V] float32, greedy tokens [B] int64), views of this step's outputs.
+
+        input_ids: [B] int64 on the device, this step's input tokens where the host does not know them yet (async
+        decoding: the previous step's greedy tokens, copied in stream order before this step reads them); the plan's
+        token ids are then placeholders."""
         num_seqs = len(plan.chunks)
         bucket = self.fill(plan)
+        if input_ids is not None:
+            if input_ids.shape != (num_seqs,):
+                raise ValueError(f"input_ids must have shape ({num_seqs},), got {tuple(input_ids.shape)}")
+            self.staging[:num_seqs].copy_(input_ids)  # staging's first bucket entries are the input ids
         if not self.use_graphs:
             logits, tokens = self._forward(bucket)
         elif bucket in self._graphs:

@@ -14,10 +14,10 @@ import torch
 from reference_engine.config import EngineConfig
 from reference_engine.detokenizer import IncrementalText
 from reference_engine.outputs import CompletionOutput, RequestOutput
-from reference_engine.runner import ModelRunner
+from reference_engine.runner import DecodeLaunch, ModelRunner
 from reference_engine.sampler import SamplingRow
 from reference_engine.sampling_params import SamplingParams
-from reference_engine.scheduler import Scheduler
+from reference_engine.scheduler import Scheduler, SchedulerOutput
 from reference_engine.sequence import Sequence, SequenceStatus
 
 
@@ -67,6 +67,8 @@ class LLMEngine:
         self._seed_generator = torch.Generator().manual_seed(config.seed)  # seeds of unseeded requests
         self._ids = itertools.count()
         self._texts: dict[str, IncrementalText] = {}  # request id -> its output text so far, until it finishes
+        self.async_decode = config.async_decode  # see step(); a plain attribute, so a benchmark can time both ways
+        self._ahead: tuple[SchedulerOutput, DecodeLaunch] | None = None  # a decode step launched before its inputs were read
 
     # Requests --------------------------------------------------------------------------------
     def add_request(self, request_id: str | None = None, prompt: str | None = None, params: SamplingParams | None = None,
@@ -92,15 +94,53 @@ class LLMEngine:
 
     # Steps -----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One model step; returns the outputs of the requests that produced a token (finished ones included)."""
-        plan = self.scheduler.schedule()
-        if not plan.chunks:
-            if self.scheduler.has_unfinished():
-                raise RuntimeError("the scheduler planned nothing although requests are waiting (a scheduling bug)")
-            return []
-        sampled = [self.scheduler.get(chunk.request_id) for chunk in plan.chunks if chunk.samples]
-        tokens, logprobs = self.runner.execute(plan, [self._row(seq) for seq in sampled])
+        """One model step; returns the outputs of the requests that produced a token (finished ones included).
+
+        With `async_decode`, a greedy decode step whose sequences all go on is followed at once by the next one, launched
+        before this one's tokens reach the host (the device feeds them in): the host's scheduling and bookkeeping then
+        run while the device computes. A step already launched that way is the one the next call returns."""
+        if self._ahead is not None and not any(self.scheduler.get(chunk.request_id) for chunk in self._ahead[0].chunks):
+            self.runner.collect(self._ahead[1])  # every request of the step launched ahead has finished: drop it
+            self._ahead = None
+        if self._ahead is not None:
+            plan, launch = self._ahead
+            self._ahead = None
+            sampled = [self.scheduler.get(chunk.request_id) for chunk in plan.chunks]  # None: finished since the launch
+        else:
+            plan = self.scheduler.schedule()
+            if not plan.chunks:
+                if self.scheduler.has_unfinished():
+                    raise RuntimeError("the scheduler planned nothing although requests are waiting (a scheduling bug)")
+                return []
+            sampled = [self.scheduler.get(chunk.request_id) for chunk in plan.chunks if chunk.samples]
+            rows = [self._row(seq) for seq in sampled]
+            if not (self.async_decode and self.runner.can_launch_decode(plan, rows)):
+                tokens, logprobs = self.runner.execute(plan, rows)
+                self.scheduler.commit(plan)
+                return self._advance(sampled, tokens, logprobs)
+            launch = self.runner.launch_decode(plan)
         self.scheduler.commit(plan)
+        if self._can_go_ahead(sampled):
+            ahead = self.scheduler.schedule_decode_ahead(plan)
+            self._ahead = (ahead, self.runner.launch_decode(ahead, after=launch))
+        tokens = self.runner.collect(launch)
+        live = [(seq, token) for seq, token in zip(sampled, tokens) if seq is not None and seq.status is SequenceStatus.RUNNING]
+        return self._advance([seq for seq, _ in live], [token for _, token in live], [None] * len(live))
+
+    def _can_go_ahead(self, seqs: list[Sequence | None]) -> bool:
+        """Whether the decode step after a launched one may start before its tokens are read: every sequence runs on
+        (none finished; the pending token is not its last by max_tokens; min_tokens bans nothing) and no waiting
+        request would join the next step."""
+        for seq in seqs:
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                return False
+            generated = len(seq.output_token_ids) + 1  # with the pending token
+            if generated + 1 > seq.params.max_tokens or generated < seq.params.min_tokens:
+                return False
+        return not self.scheduler.admits_next()
+
+    def _advance(self, sampled: list[Sequence], tokens: list[int], logprobs: list) -> list[RequestOutput]:
+        """Append each sampled token, apply the stop conditions; the outputs of these requests."""
         outputs = []
         for seq, token, logprob in zip(sampled, tokens, logprobs):
             seq.output_token_ids.append(int(token))

@@ -56,7 +56,10 @@ class LLM:
         gpu_memory_utilization: float = 0.85,
         tokenizer: TextTokenizer | None = None,
         quantize: str | None = None,
+        async_decode: bool = True,
     ) -> None:
+        """async_decode: launch each greedy decode step before the previous one's tokens reach the host (CUDA graph and
+        static decode steps; see `LLMEngine.step`)."""
         probe = EngineConfig(device=device, dtype=dtype, block_size=block_size, seed=seed)  # validates device and dtype early
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} was asked for, but this machine has no CUDA device (use device='cpu')")
@@ -76,6 +79,7 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization,
             max_num_batched_tokens=max_num_batched_tokens or max(2048, max_num_seqs),
             seed=seed,
+            async_decode=async_decode,
         )
         self.tokenizer = tokenizer
         if self.tokenizer.vocab_size > self.model.config.vocab_size:

@@ -21,6 +21,9 @@ from reference_engine.cache.slot_pool import StateSlotPool
 from reference_engine.sequence import Sequence, SequenceStatus
 
 
+PENDING_TOKEN = -1  # a decode chunk's input id not yet on the host (async decoding): the runner feeds it on the device
+
+
 @dataclass(frozen=True)
 class ScheduledChunk:
     """One sequence's share of a step: tokens [start, start + len(token_ids)) and where they go."""
@@ -147,6 +150,35 @@ class Scheduler:
             seq = self.get(chunk.request_id)
             if seq is not None:
                 seq.num_computed_tokens = chunk.seq_len
+
+    def admits_next(self) -> bool:
+        """Whether the next `schedule()` would admit a waiting request."""
+        return bool(self.waiting) and self._can_admit(self.waiting[0])
+
+    def schedule_decode_ahead(self, plan: SchedulerOutput) -> SchedulerOutput:
+        """The decode step after `plan` (committed, its tokens not yet read): one more token for each of its sequences,
+        in the same order, before the host knows the tokens `plan` samples. Their ids are unknown, so the chunks carry
+        PENDING_TOKEN; the runner feeds the real ids on the device. The caller makes sure every sequence continues
+        (none finished, none at its max_tokens) and that nothing waiting would be admitted."""
+        copies: list[tuple[int, int]] = []
+        chunks = []
+        for chunk in plan.chunks:
+            seq = self._unfinished.get(chunk.request_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens != chunk.seq_len:
+                raise ValueError(f"request {chunk.request_id!r} cannot be scheduled ahead: it finished or {plan} is not committed")
+            start = seq.num_computed_tokens  # the position of the token `plan` samples
+            if start + 2 > seq.max_total_tokens:  # this step samples the token at start + 1
+                raise ValueError(f"request {chunk.request_id!r} reaches its max_tokens with the token `plan` samples")
+            allocated = self.block_manager.num_tokens(seq.request_id)
+            if start + 1 > allocated:
+                copies.extend(self.block_manager.append_slots(seq.request_id, start + 1 - allocated))
+            chunks.append(ScheduledChunk(
+                request_id=seq.request_id, token_ids=(PENDING_TOKEN,), start=start,
+                block_table=tuple(self.block_manager.block_table(seq.request_id)),
+                slot_mapping=tuple(self.block_manager.slot_mapping(seq.request_id, start, start + 1)),
+                state_slot=self.slot_pool.slot(seq.request_id), samples=True,
+            ))  # fmt: skip
+        return SchedulerOutput(tuple(chunks), tuple(copies))
 
     # Internals -------------------------------------------------------------------------------
     def _can_admit(self, seq: Sequence) -> bool:

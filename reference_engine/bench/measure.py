@@ -119,9 +119,35 @@ class EngineBench:
             if len(self.recorder.records) > before and self.recorder.records[-1].is_decode:
                 engine_steps.append(elapsed)
         steps = [r.seconds for r in self.recorder.records if r.is_decode]
+        async_steps = self._async_steps([prompt])
         return {"seconds": statistics.median(steps) if steps else float("nan"), "decode_steps": len(steps), "prompt_tokens": len(prompt),
                 "output_tokens": self.output_tokens, "engine_step_seconds": statistics.median(engine_steps) if engine_steps else float("nan"),
+                "async_engine_step_seconds": statistics.median(async_steps) if async_steps else None,
                 "graph_replay_seconds": self.graph_replay_seconds(1)}  # fmt: skip
+
+    def _async_steps(self, prompts: list[list[int]]) -> list[float]:
+        """Seconds of each engine step that returned a decode token for every prompt, with async decoding (each step is
+        launched before the previous one's tokens are read, so a step's time is the interval between tokens); empty
+        where the engine has no static decode path."""
+        engine = self.engine
+        if engine.runner.decoder is None:
+            return []
+        params = SamplingParams(temperature=0, max_tokens=self.output_tokens, ignore_eos=True)
+        engine.async_decode = True
+        try:
+            ids = [engine.add_request(prompt_token_ids=prompt, params=params) for prompt in prompts]
+            seen = dict.fromkeys(ids, 0)
+            steps = []
+            while engine.has_unfinished():
+                begin = time.perf_counter()
+                outputs = engine.step()
+                elapsed = time.perf_counter() - begin
+                decoded = [o for o in outputs if o.request_id in seen and len(o.outputs[0].token_ids) > 1]
+                if len(decoded) == len(prompts):
+                    steps.append(elapsed)
+        finally:
+            engine.async_decode = False
+        return steps[1:]  # the first decode step waits for its own tokens (none was launched before it)
 
     def graph_replay_seconds(self, bucket: int, replays: int = 50) -> float | None:
         """GPU time of one replay of the captured decode graph of `bucket` rows (CUDA events; None without graphs).
@@ -157,7 +183,9 @@ class EngineBench:
             for r in self.recorder.records
             if r.is_decode and r.num_seqs == batch
         ]
+        async_steps = self._async_steps(prompts)
         return {
+            "async_tokens_per_second": batch * len(async_steps) / sum(async_steps) if async_steps else None,
             "tokens_per_second": batch * len(full) / sum(full)
             if full
             else float("nan"),
