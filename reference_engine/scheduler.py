@@ -20,7 +20,6 @@ from reference_engine.cache.block_manager import BlockManager, blocks_needed
 from reference_engine.cache.slot_pool import StateSlotPool
 from reference_engine.sequence import Sequence, SequenceStatus
 
-
 PENDING_TOKEN = -1  # a decode chunk's input id not yet on the host (async decoding): the runner feeds it on the device
 
 
@@ -165,7 +164,7 @@ class Scheduler:
         for chunk in plan.chunks:
             seq = self._unfinished.get(chunk.request_id)
             if seq is None or seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens != chunk.seq_len:
-                raise ValueError(f"request {chunk.request_id!r} cannot be scheduled ahead: it finished or {plan} is not committed")
+                raise ValueError(f"request {chunk.request_id!r} cannot be scheduled ahead: it finished, or the plan is not committed")
             start = seq.num_computed_tokens  # the position of the token `plan` samples
             if start + 2 > seq.max_total_tokens:  # this step samples the token at start + 1
                 raise ValueError(f"request {chunk.request_id!r} reaches its max_tokens with the token `plan` samples")

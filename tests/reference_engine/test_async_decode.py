@@ -1,0 +1,192 @@
+"""Async decoding: a greedy decode step launched before the previous step's tokens reach the host gives the same
+outputs as the synchronous engine, through stops, length limits, late arrivals, aborts and sampled requests.
+
+CPU: the tiny float32 model with decode_mode="static" (the capturable step run eagerly, the path CUDA graphs record).
+Known-wrong feeds (rows swapped, the pending placeholder left in) are shown to be caught.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference_engine.config import EngineConfig
+from reference_engine.cuda_graphs import StaticDecoder
+from reference_engine.engine import LLMEngine
+from reference_engine.presets import build_preset
+from reference_engine.sampling_params import SamplingParams
+from reference_engine.scheduler import PENDING_TOKEN, Scheduler
+from reference_engine.sequence import Sequence
+from reference_engine.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_preset("tiny", device="cpu", dtype=torch.float32, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer("tiny")
+
+
+def _engine(model, tokenizer, async_decode: bool, decode_mode: str = "static", max_num_seqs: int = 4) -> LLMEngine:
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=96, num_blocks=48, block_size=4, async_decode=async_decode)
+    return LLMEngine(model, tokenizer, config, decode_mode=decode_mode)
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    return torch.randint(1, 400, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _drive(engine: LLMEngine, stop_token: int | None = None) -> tuple[dict[str, tuple], int]:
+    """A mixed workload; returns (request id -> (token ids, finish reason, text), ahead launches)."""
+    ahead = 0
+    launch = engine.runner.launch_decode
+
+    def counting(plan, after=None):
+        nonlocal ahead
+        ahead += after is not None
+        return launch(plan, after=after)
+
+    engine.runner.launch_decode = counting
+    greedy = {"temperature": 0, "ignore_eos": True}
+    engine.add_request("long", prompt_token_ids=_prompt(1, 9), params=SamplingParams(max_tokens=30, **greedy))
+    engine.add_request("short", prompt_token_ids=_prompt(2, 5), params=SamplingParams(max_tokens=6, **greedy))
+    engine.add_request("stops", prompt_token_ids=_prompt(3, 7), params=SamplingParams(
+        max_tokens=25, min_tokens=3, stop_token_ids=[stop_token] if stop_token is not None else None, **greedy))  # fmt: skip
+    engine.add_request("aborted", prompt_token_ids=_prompt(4, 6), params=SamplingParams(max_tokens=40, **greedy))
+    engine.add_request("waits", prompt_token_ids=_prompt(5, 4), params=SamplingParams(max_tokens=9, **greedy))  # 5th: waits for a slot
+    results: dict[str, tuple] = {}
+    steps = 0
+    while engine.has_unfinished():
+        for output in engine.step():
+            completion = output.outputs[0]
+            results[output.request_id] = (completion.token_ids, completion.finish_reason, completion.text)
+        steps += 1
+        if steps == 8:
+            results["aborted"] = (engine.abort("aborted").outputs[0].token_ids, "abort", None)
+        if steps == 12:  # a late request, sampled: its steps run the synchronous sampler
+            engine.add_request("sampled", prompt_token_ids=_prompt(6, 5), params=SamplingParams(temperature=0.8, seed=11, max_tokens=5))
+        if steps == 20:
+            engine.add_request("late", prompt_token_ids=_prompt(7, 3), params=SamplingParams(max_tokens=12, **greedy))
+    return results, ahead
+
+
+def test_async_decoding_matches_the_synchronous_engine(model, tokenizer):
+    reference, _ = _drive(_engine(model, tokenizer, async_decode=False))
+    stop_token = reference["stops"][0][5]  # so "stops" ends on a stop token in both runs
+    sync, sync_ahead = _drive(_engine(model, tokenizer, async_decode=False), stop_token)
+    fast, fast_ahead = _drive(_engine(model, tokenizer, async_decode=True), stop_token)
+    assert sync_ahead == 0 and fast_ahead >= 15  # the async run really launched steps ahead
+    assert sync["stops"][1] == "stop" and sync["long"][1] == "length" and sync["sampled"][1] == "length"
+    assert fast.keys() == sync.keys() == {"long", "short", "stops", "aborted", "waits", "sampled", "late"}
+    for request_id in sync:
+        assert fast[request_id] == sync[request_id], request_id
+
+
+def test_async_decoding_leaves_the_pools_whole(model, tokenizer):
+    engine = _engine(model, tokenizer, async_decode=True)
+    free_blocks, free_slots = engine.scheduler.block_manager.num_free_blocks, engine.scheduler.slot_pool.num_free_slots
+    _drive(engine)
+    assert engine._ahead is None and not engine.has_unfinished()
+    assert engine.scheduler.block_manager.num_free_blocks == free_blocks
+    assert engine.scheduler.slot_pool.num_free_slots == free_slots
+
+
+def test_a_step_launched_ahead_for_requests_that_all_finished_is_dropped(model, tokenizer):
+    engine = _engine(model, tokenizer, async_decode=True)
+    engine.add_request("a", prompt_token_ids=_prompt(8, 5), params=SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    while not engine._ahead:
+        engine.step()
+    engine.abort("a")  # a step is in flight for "a"
+    engine.add_request("b", prompt_token_ids=_prompt(9, 5), params=SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    outputs = engine.step()  # drops the orphaned step, then runs "b"'s prefill
+    assert [o.request_id for o in outputs] == ["b"]
+    alone = _engine(model, tokenizer, async_decode=False)
+    alone.add_request("b", prompt_token_ids=_prompt(9, 5), params=SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    expected = None
+    while alone.has_unfinished():
+        expected = alone.step()[0].outputs[0].token_ids
+    got = None
+    while engine.has_unfinished():
+        got = engine.step()[0].outputs[0].token_ids
+    assert got == expected
+
+
+def test_async_decoding_is_a_no_op_without_a_static_decode_path(model, tokenizer):
+    sync, _ = _drive(_engine(model, tokenizer, async_decode=False, decode_mode="eager"))
+    fast, ahead = _drive(_engine(model, tokenizer, async_decode=True, decode_mode="eager"))
+    assert ahead == 0 and fast == sync
+
+
+def test_known_wrong_feeds_are_caught(model, tokenizer, monkeypatch):
+    sync, _ = _drive(_engine(model, tokenizer, async_decode=False))
+    original = StaticDecoder.run
+
+    def swapped(self, plan, input_ids=None):  # rows fed in reverse order
+        return original(self, plan, input_ids=None if input_ids is None else input_ids.flip(0))
+
+    monkeypatch.setattr(StaticDecoder, "run", swapped)
+    wrong, ahead = _drive(_engine(model, tokenizer, async_decode=True))
+    assert ahead > 0 and wrong != sync
+
+    def unfed(self, plan, input_ids=None):  # the placeholder ids go in
+        return original(self, plan)
+
+    monkeypatch.setattr(StaticDecoder, "run", unfed)
+    wrong, ahead = _drive(_engine(model, tokenizer, async_decode=True))
+    assert ahead > 0 and wrong != sync
+
+
+def test_launch_decode_rejects_a_mismatched_feed_and_non_decode_steps(model, tokenizer):
+    engine = _engine(model, tokenizer, async_decode=True)
+    for name in ("x", "y"):
+        engine.add_request(name, prompt_token_ids=_prompt(10, 4), params=SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    prefill = engine.scheduler.schedule()
+    with pytest.raises(ValueError, match="static decode steps only"):
+        engine.runner.launch_decode(prefill)
+    engine.runner.execute(prefill, [engine._row(engine.scheduler.get(c.request_id)) for c in prefill.chunks])
+    engine.scheduler.commit(prefill)
+    for chunk in prefill.chunks:
+        engine.scheduler.get(chunk.request_id).output_token_ids.append(3)
+    decode = engine.scheduler.schedule()
+    launch = engine.runner.launch_decode(decode)
+    assert len(engine.runner.collect(launch)) == 2
+    single = type(decode)(decode.chunks[:1])
+    with pytest.raises(ValueError, match="cannot take its input ids"):
+        engine.runner.launch_decode(single, after=launch)
+
+
+def _seq(request_id: str, prompt_length: int, max_tokens: int) -> Sequence:
+    return Sequence(request_id, tuple(range(3, 3 + prompt_length)), SamplingParams(max_tokens=max_tokens), seed=0)
+
+
+def test_schedule_decode_ahead_places_the_pending_token():
+    scheduler = Scheduler(max_num_seqs=2, max_num_batched_tokens=32, max_model_len=32, num_blocks=16, block_size=4)
+    scheduler.add(_seq("a", 6, max_tokens=5))
+    scheduler.add(_seq("b", 3, max_tokens=3))
+    prefill = scheduler.schedule()
+    with pytest.raises(ValueError, match="not committed"):
+        scheduler.schedule_decode_ahead(prefill)
+    scheduler.commit(prefill)
+    ahead = scheduler.schedule_decode_ahead(prefill)  # the tokens the prefill samples are not on the host yet
+    assert [(c.request_id, c.start, c.token_ids, c.samples) for c in ahead.chunks] == [("a", 6, (PENDING_TOKEN,), True), ("b", 3, (PENDING_TOKEN,), True)]
+    assert ahead.is_decode
+    for chunk in ahead.chunks:
+        assert chunk.slot_mapping == tuple(scheduler.block_manager.slot_mapping(chunk.request_id, chunk.start, chunk.start + 1))
+        assert scheduler.block_manager.num_tokens(chunk.request_id) == chunk.start + 1
+    assert len(ahead.chunks[1].block_table) == 1  # b's position 3: its first block's last slot
+    scheduler.commit(ahead)
+    for name, token in (("a", 11), ("b", 12)):  # what the host reads afterwards
+        scheduler.get(name).output_token_ids.extend([token, 13])
+    ahead_again = scheduler.schedule_decode_ahead(ahead)  # samples b's third and last token
+    assert [c.start for c in ahead_again.chunks] == [7, 4]
+    assert len(ahead_again.chunks[1].block_table) == 2  # b's position 4 opens a second block
+    scheduler.commit(ahead_again)
+    scheduler.get("b").output_token_ids.append(14)
+    with pytest.raises(ValueError, match="max_tokens"):
+        scheduler.schedule_decode_ahead(ahead_again)
+    scheduler.finish(scheduler.get("b"), "length")
+    with pytest.raises(ValueError, match="finished"):
+        scheduler.schedule_decode_ahead(ahead_again)
