@@ -190,3 +190,23 @@ def test_schedule_decode_ahead_places_the_pending_token():
     scheduler.finish(scheduler.get("b"), "length")
     with pytest.raises(ValueError, match="finished"):
         scheduler.schedule_decode_ahead(ahead_again)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("use_triton", [False, True])
+def test_async_decoding_matches_the_synchronous_engine_with_cuda_graphs(tokenizer, use_triton):
+    """Graph replays on a CUDA stream: the fed ids must be copied after the previous replay and before the next one."""
+    model = build_preset("tiny", device="cuda", dtype=torch.bfloat16, quantize="nvfp4", seed=3)
+
+    def engine(async_decode: bool) -> LLMEngine:
+        config = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=4, max_model_len=96, num_blocks=48, block_size=4,
+                              async_decode=async_decode)  # fmt: skip
+        return LLMEngine(model, tokenizer, config, decode_mode="graphs", use_triton=use_triton)
+
+    reference, _ = _drive(engine(False))
+    stop_token = reference["stops"][0][5]
+    sync, _ = _drive(engine(False), stop_token)
+    fast, ahead = _drive(engine(True), stop_token)
+    assert ahead >= 15 and sync["stops"][1] == "stop"
+    for request_id in sync:
+        assert fast[request_id] == sync[request_id], request_id

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# GPU calls of the twenty-third session. Usage: OUT=$OUT NAME=run71 COMMIT=<sha> PHASE=ncu|bench bash benchmarks/gpu_session23.sh
+# PHASE=ncu (about 200 s): `gpu_session22.sh` PHASE=ncu with NCU_EXTRA=" " (Nsight Compute raw metrics on the decode
+#   kernels, summarised by `kernels/ncu_stalls.py`).
+# PHASE=bench (about 480 s): the async-decoding CUDA tests (graphs, torch and Triton ops), then the full bench with the
+#   peer; it times the engine with async decoding beside the synchronous runner steps.
+set -u
+OUT="${OUT:-/tmp/session23-out}"; NAME="${NAME:-session23}"; COMMIT="${COMMIT:-unknown}"; PHASE="${PHASE:-bench}"
+export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
+if [ "$PHASE" = ncu ]; then
+  OUT="$OUT" NAME="$NAME" COMMIT="$COMMIT" NCU_EXTRA=" " PHASE=ncu bash benchmarks/gpu_session22.sh
+  exit 0
+fi
+timeout "${TEST_S:-90}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/test_async_decode.py > "$OUT/$NAME-pytest.log" 2>&1
+echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$OUT/$NAME-pytest.log" | tail -n 4 | cut -c1-300
+grep -E "^E " "$OUT/$NAME-pytest.log" | head -n 8 | cut -c1-300
+BENCH_S="${BENCH_S:-470}" HEAD_BEFORE_S=0 OUT="$OUT" NAME="$NAME" COMMIT="$COMMIT" PHASE=h200 bash benchmarks/gpu_session22.sh
+grep -E "^With async" "$OUT/$NAME.md" 2>/dev/null | cut -c1-300
+python3 - "$OUT/$NAME.json" <<'PY' 2>/dev/null
+import json, sys
+d = json.load(open(sys.argv[1]))["ours"]
+print("tpot", {k: d["tpot"].get(k) for k in ("seconds", "engine_step_seconds", "async_engine_step_seconds", "graph_replay_seconds")})
+for b, t in d["throughput"].items():
+    print("batch", b, {k: t.get(k) for k in ("tokens_per_second", "async_tokens_per_second", "end_to_end_tokens_per_second")})
+PY
