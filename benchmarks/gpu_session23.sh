@@ -15,7 +15,6 @@ timeout "${TEST_S:-90}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/r
 echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$OUT/$NAME-pytest.log" | tail -n 4 | cut -c1-300
 grep -E "^E " "$OUT/$NAME-pytest.log" | head -n 8 | cut -c1-300
 BENCH_S="${BENCH_S:-470}" HEAD_BEFORE_S=0 OUT="$OUT" NAME="$NAME" COMMIT="$COMMIT" PHASE=h200 bash benchmarks/gpu_session22.sh
-grep -E "^With async" "$OUT/$NAME.md" 2>/dev/null | cut -c1-300
 python3 - "$OUT/$NAME.json" <<'PY' 2>/dev/null
 import json, sys
 d = json.load(open(sys.argv[1]))["ours"]

@@ -89,13 +89,6 @@ def markdown(document: dict) -> str:
                 + (f"{1e3 * replay:.3f} ms (events over repeated replays)." if replay else "not measured (no graph).")
             ),
         ]
-        if tpot.get("async_engine_step_seconds") is not None:
-            rates = ", ".join(f"batch {batch} {t['async_tokens_per_second']:,.0f}" for batch, t in ((document.get("ours") or {}).get("throughput") or {}).items()
-                              if t.get("async_tokens_per_second"))  # fmt: skip
-            lines.append(
-                f"With async decoding (each step launched before the previous step's tokens are read): engine step "
-                f"{1e3 * tpot['async_engine_step_seconds']:.3f} ms at batch 1" + (f"; output tokens/s {rates}." if rates else ".")
-            )
     peer = document.get("peer")
     lines += [
         "",

@@ -351,6 +351,9 @@ def _rows(
                 1e3 * peer["tpot_seconds"] if peer else None,
             )
         )
+        if ours["tpot"].get("async_engine_step_seconds"):  # what `LLM` gives: each step launched before the last one is read
+            rows.append(Row("TPOT, batch 1, async engine step", "ms", 1e3 * ours["tpot"]["async_engine_step_seconds"], 1e3 * tpot_floor.seconds,
+                            1e3 * peer["tpot_seconds"] if peer else None))  # fmt: skip
     for batch in options.batch_sizes:
         figures = ours["throughput"].get(str(batch))
         if figures is None:
@@ -374,6 +377,9 @@ def _rows(
                 peer_rate,
             )
         )
+        if figures.get("async_tokens_per_second"):
+            rows.append(Row(f"output tokens/s, batch {batch}, async engine", "tok/s", figures["async_tokens_per_second"], batch / floor.seconds,
+                            peer_rate))  # fmt: skip
     return rows
 
 
