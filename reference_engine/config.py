@@ -188,7 +188,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.85
     max_num_batched_tokens: int = 2048  # chunked prefill: at most this many tokens per step
     seed: int = 0
-    # launch a greedy decode step before the previous one's tokens reach the host, so host work overlaps device work
+    # launch a decode step before the previous one's tokens reach the host, so host work overlaps device work
     # (static and graph decode steps; `runner.last_logits` then holds the latest launched step's logits)
     async_decode: bool = False
 

@@ -246,7 +246,7 @@ class StaticDecoder:
         """One decode step: (logits [B, V] float32, greedy tokens [B] int64), views of this step's outputs.
 
         input_ids: [B] int64 on the device, this step's input tokens where the host does not know them yet (async
-        decoding: the previous step's greedy tokens, copied in stream order before this step reads them); the plan's
+        decoding: the previous step's sampled tokens, copied in stream order before this step reads them); the plan's
         token ids are then placeholders."""
         num_seqs = len(plan.chunks)
         bucket = self.fill(plan)

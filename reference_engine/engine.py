@@ -96,7 +96,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One model step; returns the outputs of the requests that produced a token (finished ones included).
 
-        With `async_decode`, a greedy decode step whose sequences all go on is followed at once by the next one, launched
+        With `async_decode`, a decode step whose sequences all go on is followed at once by the next one, launched
         before this one's tokens reach the host (the device feeds them in): the host's scheduling and bookkeeping then
         run while the device computes. A step already launched that way is the one the next call returns."""
         if self._ahead is not None and not any(self.scheduler.get(chunk.request_id) for chunk in self._ahead[0].chunks):
@@ -118,24 +118,25 @@ class LLMEngine:
                 tokens, logprobs = self.runner.execute(plan, rows)
                 self.scheduler.commit(plan)
                 return self._advance(sampled, tokens, logprobs)
-            launch = self.runner.launch_decode(plan)
+            launch = self.runner.launch_decode(plan, rows)
         self.scheduler.commit(plan)
         if self._can_go_ahead(sampled):
             ahead = self.scheduler.schedule_decode_ahead(plan)
-            self._ahead = (ahead, self.runner.launch_decode(ahead, after=launch))
+            rows = [self._row(seq, pending=1) for seq in sampled]
+            self._ahead = (ahead, self.runner.launch_decode(ahead, rows, after=launch))
         tokens = self.runner.collect(launch)
         live = [(seq, token) for seq, token in zip(sampled, tokens) if seq is not None and seq.status is SequenceStatus.RUNNING]
         return self._advance([seq for seq, _ in live], [token for _, token in live], [None] * len(live))
 
     def _can_go_ahead(self, seqs: list[Sequence | None]) -> bool:
         """Whether the decode step after a launched one may start before its tokens are read: every sequence runs on
-        (none finished; the pending token is not its last by max_tokens; min_tokens bans nothing) and no waiting
-        request would join the next step."""
+        (none finished; the pending token is not its last by max_tokens; min_tokens bans nothing; no logprobs) and no
+        waiting request would join the next step."""
         for seq in seqs:
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 return False
             generated = len(seq.output_token_ids) + 1  # with the pending token
-            if generated + 1 > seq.params.max_tokens or generated < seq.params.min_tokens:
+            if generated + 1 > seq.params.max_tokens or generated < seq.params.min_tokens or seq.params.logprobs is not None:
                 return False
         return not self.scheduler.admits_next()
 
@@ -152,16 +153,18 @@ class LLMEngine:
             outputs.append(self._output(seq))
         return outputs
 
-    def _row(self, seq: Sequence) -> SamplingRow:
+    def _row(self, seq: Sequence, pending: int = 0) -> SamplingRow:
+        """The sampling settings of `seq`'s next token; pending: tokens sampled but not yet read (async decoding)."""
         params = seq.params
+        generated = len(seq.output_token_ids) + pending
         banned: tuple[int, ...] = ()
-        if len(seq.output_token_ids) < params.min_tokens:
+        if generated < params.min_tokens:
             banned = tuple(params.stop_token_ids or ()) + (() if params.ignore_eos else self.eos_token_ids)
         return SamplingRow(
             temperature=float(params.temperature),
             top_k=params.top_k_or_disabled,
             top_p=float(params.top_p),
-            seed=(seq.seed + len(seq.output_token_ids)) % 2**63,
+            seed=(seq.seed + generated) % 2**63,
             banned_token_ids=banned,
             num_logprobs=params.logprobs,
         )

@@ -58,7 +58,7 @@ class LLM:
         quantize: str | None = None,
         async_decode: bool = True,
     ) -> None:
-        """async_decode: launch each greedy decode step before the previous one's tokens reach the host (CUDA graph and
+        """async_decode: launch each decode step before the previous one's tokens reach the host (CUDA graph and
         static decode steps; see `LLMEngine.step`)."""
         probe = EngineConfig(device=device, dtype=dtype, block_size=block_size, seed=seed)  # validates device and dtype early
         if device.startswith("cuda") and not torch.cuda.is_available():

@@ -34,10 +34,10 @@ from reference_engine.scheduler import SchedulerOutput
 
 @dataclass(frozen=True)
 class DecodeLaunch:
-    """A greedy decode step in flight: its tokens are on their way to `host` (pinned on CUDA) until `event`."""
+    """A decode step in flight: its sampled tokens are on their way to `host` (pinned on CUDA) until `event`."""
 
     num_seqs: int
-    tokens: torch.Tensor  # [B] int64 on the device: this step's greedy tokens (a following step's input ids)
+    tokens: torch.Tensor  # [B] int64 on the device: this step's sampled tokens (a following step's input ids)
     host: torch.Tensor  # [B] int64 on the host, valid once `event` has completed
     event: torch.cuda.Event | None  # None on the CPU (the copy has run)
 
@@ -112,7 +112,7 @@ class ModelRunner:
             seqs, dtype=torch.bool, device=self.device
         )  # [B_max]
         self.sampler = Sampler(self.device, seqs)
-        # greedy tokens of launched decode steps, two host buffers used in turn (a step's tokens are read while the
+        # sampled tokens of launched decode steps, two host buffers used in turn (a step's tokens are read while the
         # next step, launched before that read, copies its own)
         self._token_hosts = tuple(torch.zeros(seqs, dtype=torch.int64, pin_memory=self.device.type == "cuda") for _ in range(2))
         self._token_turn = 0
@@ -222,29 +222,31 @@ class ModelRunner:
         return self.sampler(logits, rows)
 
     def can_launch_decode(self, plan: SchedulerOutput, rows: list[SamplingRow]) -> bool:
-        """Whether `launch_decode` takes this step: a static decode step whose rows are all plain greedy."""
+        """Whether `launch_decode` takes this step: a static decode step whose rows ask for no logprobs and ban no ids."""
         return (
             self.decoder is not None
             and self.decoder.accepts(plan)
             and len(rows) == len(plan.chunks)
-            and all(row.temperature == 0 and not row.banned_token_ids and row.num_logprobs is None for row in rows)
+            and all(not row.banned_token_ids and row.num_logprobs is None for row in rows)
         )
 
     @torch.inference_mode()
-    def launch_decode(self, plan: SchedulerOutput, after: DecodeLaunch | None = None) -> DecodeLaunch:
-        """Queue a greedy decode step without waiting for it; `collect` returns its tokens.
+    def launch_decode(self, plan: SchedulerOutput, rows: list[SamplingRow], after: DecodeLaunch | None = None) -> DecodeLaunch:
+        """Queue a decode step and its sampling without waiting for them; `collect` returns its tokens.
 
-        after: the step in flight whose greedy tokens are this step's input ids, row for row (the plan's token ids are
+        after: the step in flight whose sampled tokens are this step's input ids, row for row (the plan's token ids are
         then placeholders): the copy runs on the device in stream order, so the host need not know them. Needs the
         same sequences in the same order as `after`'s plan. `last_logits` becomes this step's logits buffer, which the
         next decode step overwrites."""
         if after is not None and after.num_seqs != len(plan.chunks):
             raise ValueError(f"a step of {len(plan.chunks)} sequences cannot take its input ids from a step of {after.num_seqs}")
-        if self.decoder is None or not self.decoder.accepts(plan):
-            raise ValueError("launch_decode takes static decode steps only (check can_launch_decode)")
+        if not self.can_launch_decode(plan, rows):
+            raise ValueError("launch_decode takes static decode steps whose rows ask for no logprobs and ban no ids (check can_launch_decode)")
         self.copy_blocks(plan.block_copies)
         logits, tokens = self.decoder.run(plan, input_ids=after.tokens if after is not None else None)  # [B, V], [B]
         self.last_logits = logits
+        if any(row.temperature != 0 for row in rows):
+            tokens = self.sampler.launch(logits, rows)  # [B] on the device, no host read
         host = self._token_hosts[self._token_turn][: len(plan.chunks)]
         self._token_turn ^= 1
         host.copy_(tokens, non_blocking=host.is_pinned())
@@ -255,7 +257,7 @@ class ModelRunner:
         return DecodeLaunch(len(plan.chunks), tokens, host, event)
 
     def collect(self, launch: DecodeLaunch) -> list[int]:
-        """The greedy tokens of a launched decode step (waits for that step only)."""
+        """The sampled tokens of a launched decode step (waits for that step only)."""
         if launch.event is not None:
             launch.event.synchronize()
         return launch.host.tolist()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_engine.ops.sampling import sample_tokens
+from reference_engine.ops.sampling import sample_tokens_unchecked
 
 
 @dataclass(frozen=True)
@@ -32,28 +32,37 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[list[int], list[dict[int, float] | None]]:
         """logits [S, V] float32, one row per entry of `rows`; returns the token ids and per-row logprobs (or None)."""
-        num_rows = len(rows)
-        if logits.dim() != 2 or logits.shape[0] != num_rows:
-            raise ValueError(f"logits must be [{num_rows}, vocab], got {list(logits.shape)}")
-        if num_rows == 0:
+        if logits.dim() != 2 or logits.shape[0] != len(rows):
+            raise ValueError(f"logits must be [{len(rows)}, vocab], got {list(logits.shape)}")
+        if not rows:
             return [], []
+        tokens = self.launch(logits, rows).tolist()
+        return tokens, self._logprobs(logits.float(), rows, tokens)
+
+    def launch(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Queue the sampling of `rows` without a host read: [S] int64 tokens on the device, a view of a buffer the next
+        call overwrites. The rows' settings decide the path on the host (SamplingParams has checked them)."""
+        num_rows = len(rows)
+        if logits.dim() != 2 or logits.shape[0] != num_rows or num_rows == 0:
+            raise ValueError(f"logits must be [{num_rows}, vocab] with at least one row, got {list(logits.shape)}")
         if num_rows > self.max_num_seqs:
             raise ValueError(f"{num_rows} rows to sample, the sampler was sized for {self.max_num_seqs}")
         logits = logits.float()
-        raw = logits
+        vocab = logits.shape[1]
         banned = [(i, t) for i, row in enumerate(rows) for t in row.banned_token_ids if t < logits.shape[1]]
         if banned:
             logits = logits.clone()
             index = torch.tensor(banned, dtype=torch.int64, device=logits.device)  # [N, 2]
             logits[index[:, 0], index[:, 1]] = float("-inf")
-        temperature = torch.tensor([row.temperature for row in rows], dtype=torch.float32, device=self.device)  # [S]
-        top_k = torch.tensor([row.top_k for row in rows], dtype=torch.int32, device=self.device)  # [S]
-        top_p = torch.tensor([row.top_p for row in rows], dtype=torch.float32, device=self.device)  # [S]
-        seeds = torch.tensor([row.seed for row in rows], dtype=torch.int64, device=self.device)  # [S]
+        temperature = torch.tensor([row.temperature for row in rows], dtype=torch.float32)  # [S], on the host first:
+        top_k = torch.tensor([row.top_k for row in rows], dtype=torch.int32)  # the path is decided from these
+        top_p = torch.tensor([row.top_p for row in rows], dtype=torch.float32)  # exactly as sample_tokens decides it
+        seeds = torch.tensor([row.seed for row in rows], dtype=torch.int64)  # on the device, with no device read
+        all_greedy = bool((temperature == 0).all())
+        filtered = bool((((top_k > 0) & (top_k < vocab)) | (top_p < 1)).any())
         out = self._out[:num_rows]
-        sample_tokens(logits, temperature, top_k, top_p, seeds, out=out)
-        tokens = out.tolist()
-        return tokens, self._logprobs(raw, rows, tokens)
+        temperature, top_k, top_p, seeds = (t.to(self.device) for t in (temperature, top_k, top_p, seeds))
+        return sample_tokens_unchecked(logits, temperature, top_k, top_p, seeds, out, all_greedy=all_greedy, filtered=filtered)
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, rows: list[SamplingRow], tokens: list[int]) -> list[dict[int, float] | None]:

@@ -68,11 +68,31 @@ def sample_tokens(
 ) -> torch.Tensor:
     """out[b] = a token drawn from row b of logits [B, V] under its temperature/top_k/top_p, reproducible by seeds[b]."""
     _check(logits, temperature, top_k, top_p, seeds, out)
-    batch, vocab = logits.shape
+    vocab = logits.shape[1]
+    all_greedy = bool((temperature == 0).all())
+    filtered = bool((((top_k > 0) & (top_k < vocab)) | (top_p < 1)).any())
+    return sample_tokens_unchecked(logits, temperature, top_k, top_p, seeds, out, all_greedy=all_greedy, filtered=filtered)
+
+
+def sample_tokens_unchecked(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    seeds: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    all_greedy: bool,
+    filtered: bool,
+) -> torch.Tensor:
+    """`sample_tokens` without its checks and host reads, for callers that know the rows' settings on the host (the
+    engine's sampler): all_greedy, every temperature is 0; filtered, some row has 0 < top_k < V or top_p < 1. Queues
+    device work only, so a decode step can be launched behind it before its tokens are read."""
+    vocab = logits.shape[1]
     logits32 = logits.float()
     greedy = temperature == 0  # [B]
     greedy_tokens = logits32.argmax(dim=-1)  # first maximum: ties go to the lowest id
-    if bool(greedy.all()):
+    if all_greedy:
         out.copy_(greedy_tokens)
         return out
     safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature).float()
@@ -80,7 +100,7 @@ def sample_tokens(
     k = top_k.long()
     k = torch.where((k <= 0) | (k >= vocab), torch.full_like(k, vocab), k)
     uniform = uniform_from_seeds(seeds)  # [B] float64
-    if not bool(((k < vocab) | (top_p < 1)).any()):
+    if not filtered:
         # no row filters: draw from the unsorted distribution (sorting the vocabulary is the slow part)
         cdf = torch.softmax(scaled, dim=-1).double().cumsum(dim=-1)  # [B, V]
         index = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).clamp(max=vocab - 1)

@@ -1,11 +1,14 @@
-"""Async decoding: a greedy decode step launched before the previous step's tokens reach the host gives the same
-outputs as the synchronous engine, through stops, length limits, late arrivals, aborts and sampled requests.
+"""Async decoding: a decode step launched before the previous step's tokens reach the host gives the same outputs as
+the synchronous engine, through stops, length limits, late arrivals, aborts, seeded sampling, min_tokens and logprobs
+(the last two run their steps synchronously).
 
 CPU: the tiny float32 model with decode_mode="static" (the capturable step run eagerly, the path CUDA graphs record).
 Known-wrong feeds (rows swapped, the pending placeholder left in) are shown to be caught.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -40,14 +43,16 @@ def _prompt(seed: int, length: int) -> list[int]:
 
 
 def _drive(engine: LLMEngine, stop_token: int | None = None) -> tuple[dict[str, tuple], int]:
-    """A mixed workload; returns (request id -> (token ids, finish reason, text), ahead launches)."""
-    ahead = 0
+    """A mixed workload; returns (request id -> (token ids, finish reason, text, logprobs), steps launched ahead).
+    engine.ahead_with_sampling counts those of them with sampled rows."""
+    ahead = sampled_ahead = 0
     launch = engine.runner.launch_decode
 
-    def counting(plan, after=None):
-        nonlocal ahead
+    def counting(plan, rows, after=None):
+        nonlocal ahead, sampled_ahead
         ahead += after is not None
-        return launch(plan, after=after)
+        sampled_ahead += after is not None and any(row.temperature > 0 for row in rows)
+        return launch(plan, rows, after=after)
 
     engine.runner.launch_decode = counting
     greedy = {"temperature": 0, "ignore_eos": True}
@@ -62,27 +67,49 @@ def _drive(engine: LLMEngine, stop_token: int | None = None) -> tuple[dict[str, 
     while engine.has_unfinished():
         for output in engine.step():
             completion = output.outputs[0]
-            results[output.request_id] = (completion.token_ids, completion.finish_reason, completion.text)
+            results[output.request_id] = (completion.token_ids, completion.finish_reason, completion.text, completion.logprobs)
         steps += 1
         if steps == 8:
-            results["aborted"] = (engine.abort("aborted").outputs[0].token_ids, "abort", None)
-        if steps == 12:  # a late request, sampled: its steps run the synchronous sampler
-            engine.add_request("sampled", prompt_token_ids=_prompt(6, 5), params=SamplingParams(temperature=0.8, seed=11, max_tokens=5))
+            results["aborted"] = (engine.abort("aborted").outputs[0].token_ids, "abort", None, None)
+        if steps == 12:  # late requests, sampled (seeded: the same draws whatever step they run in), with logprobs
+            engine.add_request("sampled", prompt_token_ids=_prompt(6, 5), params=SamplingParams(temperature=0.8, seed=11, max_tokens=14))
+            engine.add_request("filtered", prompt_token_ids=_prompt(8, 4), params=SamplingParams(
+                temperature=1.2, top_k=20, top_p=0.9, seed=5, max_tokens=16, ignore_eos=True))  # fmt: skip
+        if steps == 30:
+            engine.add_request("logprobs", prompt_token_ids=_prompt(9, 4), params=SamplingParams(temperature=0, max_tokens=4, logprobs=2))
         if steps == 20:
             engine.add_request("late", prompt_token_ids=_prompt(7, 3), params=SamplingParams(max_tokens=12, **greedy))
+    engine.ahead_with_sampling = sampled_ahead
     return results, ahead
+
+
+def _tokens(results: dict) -> dict:
+    return {request_id: result[0] for request_id, result in results.items()}
 
 
 def test_async_decoding_matches_the_synchronous_engine(model, tokenizer):
     reference, _ = _drive(_engine(model, tokenizer, async_decode=False))
     stop_token = reference["stops"][0][5]  # so "stops" ends on a stop token in both runs
     sync, sync_ahead = _drive(_engine(model, tokenizer, async_decode=False), stop_token)
-    fast, fast_ahead = _drive(_engine(model, tokenizer, async_decode=True), stop_token)
-    assert sync_ahead == 0 and fast_ahead >= 15  # the async run really launched steps ahead
-    assert sync["stops"][1] == "stop" and sync["long"][1] == "length" and sync["sampled"][1] == "length"
-    assert fast.keys() == sync.keys() == {"long", "short", "stops", "aborted", "waits", "sampled", "late"}
+    engine = _engine(model, tokenizer, async_decode=True)
+    fast, fast_ahead = _drive(engine, stop_token)
+    assert sync_ahead == 0 and fast_ahead >= 15 and engine.ahead_with_sampling >= 5  # the async run really launched steps ahead
+    assert sync["stops"][1] == "stop" and sync["long"][1] == "length" and sync["filtered"][1] == "length"
+    assert len(sync["logprobs"][3]) == 4
+    assert fast.keys() == sync.keys() == {"long", "short", "stops", "aborted", "waits", "sampled", "filtered", "late", "logprobs"}
+    _assert_same(fast, sync)
+
+
+def _assert_same(fast: dict, sync: dict) -> None:
+    """Tokens, finish reasons and texts equal; logprobs equal to float32 rounding (a step's padding rows may differ, so
+    its bucket and the order of a few sums)."""
     for request_id in sync:
-        assert fast[request_id] == sync[request_id], request_id
+        assert fast[request_id][:3] == sync[request_id][:3], request_id
+        if sync[request_id][3] is None:
+            assert fast[request_id][3] is None, request_id
+            continue
+        for got, expected in zip(fast[request_id][3], sync[request_id][3], strict=True):
+            assert got.keys() == expected.keys() and all(abs(got[t] - expected[t]) < 1e-4 for t in got), request_id
 
 
 def test_async_decoding_leaves_the_pools_whole(model, tokenizer):
@@ -129,14 +156,14 @@ def test_known_wrong_feeds_are_caught(model, tokenizer, monkeypatch):
 
     monkeypatch.setattr(StaticDecoder, "run", swapped)
     wrong, ahead = _drive(_engine(model, tokenizer, async_decode=True))
-    assert ahead > 0 and wrong != sync
+    assert ahead > 0 and _tokens(wrong) != _tokens(sync)
 
     def unfed(self, plan, input_ids=None):  # the placeholder ids go in
         return original(self, plan)
 
     monkeypatch.setattr(StaticDecoder, "run", unfed)
     wrong, ahead = _drive(_engine(model, tokenizer, async_decode=True))
-    assert ahead > 0 and wrong != sync
+    assert ahead > 0 and _tokens(wrong) != _tokens(sync)
 
 
 def test_launch_decode_rejects_a_mismatched_feed_and_non_decode_steps(model, tokenizer):
@@ -144,18 +171,22 @@ def test_launch_decode_rejects_a_mismatched_feed_and_non_decode_steps(model, tok
     for name in ("x", "y"):
         engine.add_request(name, prompt_token_ids=_prompt(10, 4), params=SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     prefill = engine.scheduler.schedule()
-    with pytest.raises(ValueError, match="static decode steps only"):
-        engine.runner.launch_decode(prefill)
-    engine.runner.execute(prefill, [engine._row(engine.scheduler.get(c.request_id)) for c in prefill.chunks])
+    rows = [engine._row(engine.scheduler.get(c.request_id)) for c in prefill.chunks]
+    with pytest.raises(ValueError, match="static decode steps"):
+        engine.runner.launch_decode(prefill, rows)
+    engine.runner.execute(prefill, rows)
     engine.scheduler.commit(prefill)
     for chunk in prefill.chunks:
         engine.scheduler.get(chunk.request_id).output_token_ids.append(3)
     decode = engine.scheduler.schedule()
-    launch = engine.runner.launch_decode(decode)
+    rows = [engine._row(engine.scheduler.get(c.request_id)) for c in decode.chunks]
+    with pytest.raises(ValueError, match="no logprobs and ban no ids"):
+        engine.runner.launch_decode(decode, [dataclasses.replace(row, num_logprobs=1) for row in rows])
+    launch = engine.runner.launch_decode(decode, rows)
     assert len(engine.runner.collect(launch)) == 2
     single = type(decode)(decode.chunks[:1])
     with pytest.raises(ValueError, match="cannot take its input ids"):
-        engine.runner.launch_decode(single, after=launch)
+        engine.runner.launch_decode(single, rows[:1], after=launch)
 
 
 def _seq(request_id: str, prompt_length: int, max_tokens: int) -> Sequence:
@@ -208,5 +239,4 @@ def test_async_decoding_matches_the_synchronous_engine_with_cuda_graphs(tokenize
     sync, _ = _drive(engine(False), stop_token)
     fast, ahead = _drive(engine(True), stop_token)
     assert ahead >= 15 and sync["stops"][1] == "stop"
-    for request_id in sync:
-        assert fast[request_id] == sync[request_id], request_id
+    _assert_same(fast, sync)
