@@ -24,6 +24,12 @@ from reference_engine.config import EngineConfig
 from reference_engine.engine import LLMEngine
 from reference_engine.sampling_params import SamplingParams
 
+SAMPLED = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "seed": 0}  # the sampled TPOT: the settings the Qwen3 model cards suggest without thinking
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -119,21 +125,23 @@ class EngineBench:
             if len(self.recorder.records) > before and self.recorder.records[-1].is_decode:
                 engine_steps.append(elapsed)
         steps = [r.seconds for r in self.recorder.records if r.is_decode]
-        async_steps = self._async_steps([prompt])
+        sampled = SamplingParams(**SAMPLED, max_tokens=self.output_tokens, ignore_eos=True)
         return {"seconds": statistics.median(steps) if steps else float("nan"), "decode_steps": len(steps), "prompt_tokens": len(prompt),
                 "output_tokens": self.output_tokens, "engine_step_seconds": statistics.median(engine_steps) if engine_steps else float("nan"),
-                "async_engine_step_seconds": statistics.median(async_steps) if async_steps else None,
-                "graph_replay_seconds": self.graph_replay_seconds(1)}  # fmt: skip
+                "async_engine_step_seconds": _median(self._async_steps([prompt])),
+                "sampled_engine_step_seconds": _median(self._async_steps([prompt], sampled, async_decode=False)),
+                "async_sampled_engine_step_seconds": _median(self._async_steps([prompt], sampled)),
+                "sampling": SAMPLED, "graph_replay_seconds": self.graph_replay_seconds(1)}  # fmt: skip
 
-    def _async_steps(self, prompts: list[list[int]]) -> list[float]:
-        """Seconds of each engine step that returned a decode token for every prompt, with async decoding (each step is
-        launched before the previous one's tokens are read, so a step's time is the interval between tokens); empty
-        where the engine has no static decode path."""
+    def _async_steps(self, prompts: list[list[int]], params: SamplingParams | None = None, async_decode: bool = True) -> list[float]:
+        """Seconds of each engine step that returned a decode token for every prompt, with async decoding by default
+        (each step is launched before the previous one's tokens are read, so a step's time is the interval between
+        tokens); greedy unless `params`; empty where the engine has no static decode path."""
         engine = self.engine
         if engine.runner.decoder is None:
             return []
-        params = SamplingParams(temperature=0, max_tokens=self.output_tokens, ignore_eos=True)
-        engine.async_decode = True
+        params = params or SamplingParams(temperature=0, max_tokens=self.output_tokens, ignore_eos=True)
+        engine.async_decode = async_decode
         try:
             ids = [engine.add_request(prompt_token_ids=prompt, params=params) for prompt in prompts]
             seen = dict.fromkeys(ids, 0)

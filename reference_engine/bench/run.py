@@ -351,9 +351,11 @@ def _rows(
                 1e3 * peer["tpot_seconds"] if peer else None,
             )
         )
-        if ours["tpot"].get("async_engine_step_seconds"):  # what `LLM` gives: each step launched before the last one is read
-            rows.append(Row("TPOT, batch 1, async engine step", "ms", 1e3 * ours["tpot"]["async_engine_step_seconds"], 1e3 * tpot_floor.seconds,
-                            1e3 * peer["tpot_seconds"] if peer else None))  # fmt: skip
+        for key, figure in (("async_engine_step_seconds", "TPOT, batch 1, async engine step"),  # what `LLM` gives
+                            ("sampled_engine_step_seconds", "TPOT, batch 1, sampled, engine step"),
+                            ("async_sampled_engine_step_seconds", "TPOT, batch 1, sampled, async engine step")):
+            if ours["tpot"].get(key):
+                rows.append(Row(figure, "ms", 1e3 * ours["tpot"][key], 1e3 * tpot_floor.seconds, 1e3 * peer["tpot_seconds"] if peer else None))  # fmt: skip
     for batch in options.batch_sizes:
         figures = ours["throughput"].get(str(batch))
         if figures is None:

@@ -73,6 +73,8 @@ def test_bench_writes_json_and_markdown(tmp_path) -> None:
         "TTFT, 32 prompt tokens",
         "TPOT, batch 1",
         "TPOT, batch 1, async engine step",
+        "TPOT, batch 1, sampled, engine step",
+        "TPOT, batch 1, sampled, async engine step",
         "output tokens/s, batch 1",
         "output tokens/s, batch 1, async engine",
         "output tokens/s, batch 2",
