@@ -61,7 +61,9 @@ class Sampler:
         all_greedy = bool((temperature == 0).all())
         filtered = bool((((top_k > 0) & (top_k < vocab)) | (top_p < 1)).any())
         out = self._out[:num_rows]
-        temperature, top_k, top_p, seeds = (t.to(self.device) for t in (temperature, top_k, top_p, seeds))
+        if self.device.type == "cuda":  # a copy from pageable memory would wait for the stream (torch syncs it); pinned
+            # blocks from torch's caching host allocator are not reused before their copy has run
+            temperature, top_k, top_p, seeds = (t.pin_memory().to(self.device, non_blocking=True) for t in (temperature, top_k, top_p, seeds))
         return sample_tokens_unchecked(logits, temperature, top_k, top_p, seeds, out, all_greedy=all_greedy, filtered=filtered)
 
     @staticmethod

@@ -237,6 +237,22 @@ def test_async_decoding_matches_the_synchronous_engine_with_cuda_graphs(tokenize
     reference, _ = _drive(engine(False))
     stop_token = reference["stops"][0][5]
     sync, _ = _drive(engine(False), stop_token)
-    fast, ahead = _drive(engine(True), stop_token)
-    assert ahead >= 15 and sync["stops"][1] == "stop"
+    fast_engine = engine(True)
+    launch = fast_engine.runner.launch_decode
+    checked = 0
+
+    def without_host_sync(plan, rows, after=None):  # a launch ahead must not wait for the device
+        nonlocal checked
+        if after is None:
+            return launch(plan, rows, after=after)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return launch(plan, rows, after=after)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            checked += 1
+
+    fast_engine.runner.launch_decode = without_host_sync
+    fast, ahead = _drive(fast_engine, stop_token)
+    assert ahead >= 15 and checked == ahead and fast_engine.ahead_with_sampling >= 5 and sync["stops"][1] == "stop"
     _assert_same(fast, sync)
