@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU calls of the twenty-third session. Usage: OUT=$OUT NAME=run71 COMMIT=<sha> PHASE=ncu|bench bash benchmarks/gpu_session23.sh
+# GPU calls of the twenty-third session. Usage: OUT=$OUT NAME=run71 COMMIT=<sha> PHASE=all|bench|ncu bash benchmarks/gpu_session23.sh
 # PHASE=ncu (about 200 s): `gpu_session22.sh` PHASE=ncu with NCU_EXTRA=" " (Nsight Compute raw metrics on the decode
 #   kernels, summarised by `kernels/ncu_stalls.py`).
 # PHASE=bench (about 350 s): the async-decoding CUDA tests (graphs, torch and Triton ops), then the full bench, without
@@ -10,6 +10,17 @@ OUT="${OUT:-/tmp/session23-out}"; NAME="${NAME:-session23}"; COMMIT="${COMMIT:-u
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
 if [ "$PHASE" = ncu ]; then
   OUT="$OUT" NAME="$NAME" COMMIT="$COMMIT" NCU_EXTRA=" " PHASE=ncu bash benchmarks/gpu_session22.sh
+  exit 0
+fi
+if [ "$PHASE" = all ]; then  # one call (about 560 s): bench, then the tiny model's async timing, then ncu with the time left
+  OUT="$OUT" NAME="$NAME" COMMIT="$COMMIT" PHASE=bench bash "$0"
+  timeout 60 python3 benchmarks/time_async_decode.py "$OUT/$NAME-async-tiny.json" > "$OUT/$NAME-async-tiny.log" 2>&1
+  echo "async tiny rc=$?"; grep -E "^batch" "$OUT/$NAME-async-tiny.log"
+  if [ "$SECONDS" -lt "${NCU_BEFORE_S:-400}" ]; then
+    NCU_S=$((570 - SECONDS)) OUT="$OUT" NAME="$NAME" COMMIT="$COMMIT" NCU_EXTRA=" " PHASE=ncu bash benchmarks/gpu_session22.sh
+  else
+    echo "ncu skipped: ${SECONDS} s used"
+  fi
   exit 0
 fi
 timeout "${TEST_S:-90}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/test_async_decode.py > "$OUT/$NAME-pytest.log" 2>&1
