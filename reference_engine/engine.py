@@ -96,9 +96,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One model step; returns the outputs of the requests that produced a token (finished ones included).
 
-        With `async_decode`, a decode step whose sequences all go on is followed at once by the next one, launched
-        before this one's tokens reach the host (the device feeds them in): the host's scheduling and bookkeeping then
-        run while the device computes. A step already launched that way is the one the next call returns."""
+        With `async_decode`, a decode step is followed at once by the next one for its sequences that go on (not
+        finished, not at max_tokens), launched before this step's tokens reach the host (the device feeds them in): the
+        host's scheduling and bookkeeping then run while the device computes. A step already launched that way is the
+        one the next call returns. Prefill, logprobs, min_tokens bans and admissions run synchronously."""
         if self._ahead is not None and not any(self.scheduler.get(chunk.request_id) for chunk in self._ahead[0].chunks):
             self.runner.collect(self._ahead[1])  # every request of the step launched ahead has finished: drop it
             self._ahead = None
@@ -120,23 +121,23 @@ class LLMEngine:
                 return self._advance(sampled, tokens, logprobs)
             launch = self.runner.launch_decode(plan, rows)
         self.scheduler.commit(plan)
-        if self._can_go_ahead(sampled):
-            ahead = self.scheduler.schedule_decode_ahead(plan)
-            rows = [self._row(seq, pending=1) for seq in sampled]
-            self._ahead = (ahead, self.runner.launch_decode(ahead, rows, after=launch))
+        live_rows = [row for row, seq in enumerate(sampled) if seq is not None and seq.status is SequenceStatus.RUNNING
+                     and len(seq.output_token_ids) + 2 <= seq.params.max_tokens]  # runs on after its pending token  # fmt: skip
+        if live_rows and self._can_go_ahead([sampled[row] for row in live_rows]):
+            ahead = self.scheduler.schedule_decode_ahead(plan, live_rows)
+            rows = [self._row(sampled[row], pending=1) for row in live_rows]
+            remap = None if len(live_rows) == len(sampled) else live_rows  # rows of requests finished since the launch drop out
+            self._ahead = (ahead, self.runner.launch_decode(ahead, rows, after=launch, after_rows=remap))
         tokens = self.runner.collect(launch)
         live = [(seq, token) for seq, token in zip(sampled, tokens) if seq is not None and seq.status is SequenceStatus.RUNNING]
         return self._advance([seq for seq, _ in live], [token for _, token in live], [None] * len(live))
 
-    def _can_go_ahead(self, seqs: list[Sequence | None]) -> bool:
-        """Whether the decode step after a launched one may start before its tokens are read: every sequence runs on
-        (none finished; the pending token is not its last by max_tokens; min_tokens bans nothing; no logprobs) and no
-        waiting request would join the next step."""
+    def _can_go_ahead(self, seqs: list[Sequence]) -> bool:
+        """Whether the decode step after a launched one may start before its tokens are read, for these running
+        sequences, which continue after their pending token: min_tokens bans nothing in it, none asks for logprobs, and
+        no waiting request would join it."""
         for seq in seqs:
-            if seq is None or seq.status is not SequenceStatus.RUNNING:
-                return False
-            generated = len(seq.output_token_ids) + 1  # with the pending token
-            if generated + 1 > seq.params.max_tokens or generated < seq.params.min_tokens or seq.params.logprobs is not None:
+            if len(seq.output_token_ids) + 1 < seq.params.min_tokens or seq.params.logprobs is not None:
                 return False
         return not self.scheduler.admits_next()
 

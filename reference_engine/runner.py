@@ -231,19 +231,34 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def launch_decode(self, plan: SchedulerOutput, rows: list[SamplingRow], after: DecodeLaunch | None = None) -> DecodeLaunch:
+    def launch_decode(self, plan: SchedulerOutput, rows: list[SamplingRow], after: DecodeLaunch | None = None,
+                      after_rows: list[int] | None = None) -> DecodeLaunch:  # fmt: skip
         """Queue a decode step and its sampling without waiting for them; `collect` returns its tokens.
 
         after: the step in flight whose sampled tokens are this step's input ids, row for row (the plan's token ids are
         then placeholders): the copy runs on the device in stream order, so the host need not know them. Needs the
         same sequences in the same order as `after`'s plan. `last_logits` becomes this step's logits buffer, which the
-        next decode step overwrites."""
-        if after is not None and after.num_seqs != len(plan.chunks):
-            raise ValueError(f"a step of {len(plan.chunks)} sequences cannot take its input ids from a step of {after.num_seqs}")
+        next decode step overwrites. after_rows: which rows of `after` feed this step's rows, in order, where `after`
+        held sequences that have since finished (default: all of them, row for row)."""
+        if after is None and after_rows is not None:
+            raise ValueError("after_rows needs the step `after`")
+        count = after.num_seqs if after_rows is None and after is not None else len(after_rows or ())
+        if after is not None and count != len(plan.chunks):
+            raise ValueError(f"a step of {len(plan.chunks)} sequences cannot take its input ids from {count} rows of a step")
+        if after_rows is not None and not all(0 <= row < after.num_seqs for row in after_rows):
+            raise ValueError(f"after_rows {after_rows} must lie in [0, {after.num_seqs})")
         if not self.can_launch_decode(plan, rows):
             raise ValueError("launch_decode takes static decode steps whose rows ask for no logprobs and ban no ids (check can_launch_decode)")
         self.copy_blocks(plan.block_copies)
-        logits, tokens = self.decoder.run(plan, input_ids=after.tokens if after is not None else None)  # [B, V], [B]
+        input_ids = None
+        if after is not None:
+            input_ids = after.tokens
+            if after_rows is not None:  # a gather on the device, its index through pinned memory (no stream sync)
+                index = torch.tensor(after_rows, dtype=torch.int64)
+                if self.device.type == "cuda":
+                    index = index.pin_memory().to(self.device, non_blocking=True)
+                input_ids = input_ids.index_select(0, index)
+        logits, tokens = self.decoder.run(plan, input_ids=input_ids)  # [B, V], [B]
         self.last_logits = logits
         if any(row.temperature != 0 for row in rows):
             tokens = self.sampler.launch(logits, rows)  # [B] on the device, no host read

@@ -154,14 +154,14 @@ class Scheduler:
         """Whether the next `schedule()` would admit a waiting request."""
         return bool(self.waiting) and self._can_admit(self.waiting[0])
 
-    def schedule_decode_ahead(self, plan: SchedulerOutput) -> SchedulerOutput:
-        """The decode step after `plan` (committed, its tokens not yet read): one more token for each of its sequences,
-        in the same order, before the host knows the tokens `plan` samples. Their ids are unknown, so the chunks carry
-        PENDING_TOKEN; the runner feeds the real ids on the device. The caller makes sure every sequence continues
-        (none finished, none at its max_tokens) and that nothing waiting would be admitted."""
+    def schedule_decode_ahead(self, plan: SchedulerOutput, rows: list[int] | None = None) -> SchedulerOutput:
+        """The decode step after `plan` (committed, its tokens not yet read): one more token for each of its sequences
+        at `rows` (default: all), in that order, before the host knows the tokens `plan` samples. Their ids are unknown,
+        so the chunks carry PENDING_TOKEN; the runner feeds the real ids on the device. The caller makes sure each of
+        these sequences continues (not finished, not at its max_tokens) and that nothing waiting would be admitted."""
         copies: list[tuple[int, int]] = []
         chunks = []
-        for chunk in plan.chunks:
+        for chunk in plan.chunks if rows is None else [plan.chunks[row] for row in rows]:
             seq = self._unfinished.get(chunk.request_id)
             if seq is None or seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens != chunk.seq_len:
                 raise ValueError(f"request {chunk.request_id!r} cannot be scheduled ahead: it finished, or the plan is not committed")
