@@ -31,6 +31,27 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def graph_replay_seconds(decoder, bucket: int, replays: int = 50) -> float | None:
+    """GPU time of one replay of `decoder`'s captured graph of `bucket` rows (CUDA events; None without that graph).
+
+    Replays repeat the last step's inputs (the same cache rows are rewritten), so this is the device time of a step
+    with no host work between steps: an engine step minus this is host overhead.
+    """
+    if decoder is None or decoder.device.type != "cuda" or bucket not in getattr(decoder, "_graphs", {}):
+        return None
+    graph = decoder._graphs[bucket]
+    decoder.restage(bucket)  # the last step may have staged a smaller bucket's inputs
+    for _ in range(3):
+        graph.replay()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop) / 1e3 / replays
+
+
 @dataclass(frozen=True)
 class StepRecord:
     is_decode: bool
@@ -158,25 +179,8 @@ class EngineBench:
         return steps[1:]  # the first decode step waits for its own tokens (none was launched before it)
 
     def graph_replay_seconds(self, bucket: int, replays: int = 50) -> float | None:
-        """GPU time of one replay of the captured decode graph of `bucket` rows (CUDA events; None without graphs).
-
-        Replays repeat the last step's inputs (the same cache rows are rewritten), so this is the device
-        time of a step with no host work between steps: the engine's step minus this is host overhead.
-        """
-        decoder = self.recorder.runner.decoder
-        if self.device.type != "cuda" or decoder is None or bucket not in getattr(decoder, "_graphs", {}):
-            return None
-        graph = decoder._graphs[bucket]
-        decoder.restage(bucket)  # the last step may have staged a smaller bucket's inputs
-        for _ in range(3):
-            graph.replay()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        stop.record()
-        stop.synchronize()
-        return start.elapsed_time(stop) / 1e3 / replays
+        """GPU time of one replay of this engine's decode graph of `bucket` rows (see `graph_replay_seconds`)."""
+        return graph_replay_seconds(self.recorder.runner.decoder, bucket, replays)
 
     def throughput(self, batch: int) -> dict:
         prompts = [self._random_prompt(self.batch_prompt_tokens) for _ in range(batch)]
