@@ -100,14 +100,15 @@ class LLMEngine:
         finished, not at max_tokens), launched before this step's tokens reach the host (the device feeds them in): the
         host's scheduling and bookkeeping then run while the device computes. A step already launched that way is the
         one the next call returns. Prefill, logprobs, min_tokens bans and admissions run synchronously."""
-        if self._ahead is not None and not any(self.scheduler.get(chunk.request_id) for chunk in self._ahead[0].chunks):
-            self.runner.collect(self._ahead[1])  # every request of the step launched ahead has finished: drop it
-            self._ahead = None
+        plan = None
         if self._ahead is not None:
             plan, launch = self._ahead
             self._ahead = None
             sampled = [self.scheduler.get(chunk.request_id) for chunk in plan.chunks]  # None: finished since the launch
-        else:
+            if not any(sampled):  # every request of the step launched ahead has finished: drop it
+                self.runner.collect(launch)
+                plan = None
+        if plan is None:
             plan = self.scheduler.schedule()
             if not plan.chunks:
                 if self.scheduler.has_unfinished():

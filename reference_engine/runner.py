@@ -235,18 +235,19 @@ class ModelRunner:
                       after_rows: list[int] | None = None) -> DecodeLaunch:  # fmt: skip
         """Queue a decode step and its sampling without waiting for them; `collect` returns its tokens.
 
-        after: the step in flight whose sampled tokens are this step's input ids, row for row (the plan's token ids are
-        then placeholders): the copy runs on the device in stream order, so the host need not know them. Needs the
-        same sequences in the same order as `after`'s plan. `last_logits` becomes this step's logits buffer, which the
-        next decode step overwrites. after_rows: which rows of `after` feed this step's rows, in order, where `after`
-        held sequences that have since finished (default: all of them, row for row)."""
-        if after is None and after_rows is not None:
+        after: the step in flight whose sampled tokens are this step's input ids (the plan's token ids are then
+        placeholders): the copy runs on the device in stream order, so the host need not know them. after_rows: which
+        rows of `after` feed this step's rows, in order (default: all of them, row for row), where `after` held
+        sequences that have since finished. `last_logits` becomes this step's logits buffer, which the next decode step
+        overwrites."""
+        if after is not None:
+            feeding = range(after.num_seqs) if after_rows is None else after_rows
+            if len(feeding) != len(plan.chunks):
+                raise ValueError(f"a step of {len(plan.chunks)} sequences cannot take its input ids from {len(feeding)} rows of a step")
+            if not all(0 <= row < after.num_seqs for row in feeding):
+                raise ValueError(f"after_rows {after_rows} must lie in [0, {after.num_seqs})")
+        elif after_rows is not None:
             raise ValueError("after_rows needs the step `after`")
-        count = after.num_seqs if after_rows is None and after is not None else len(after_rows or ())
-        if after is not None and count != len(plan.chunks):
-            raise ValueError(f"a step of {len(plan.chunks)} sequences cannot take its input ids from {count} rows of a step")
-        if after_rows is not None and not all(0 <= row < after.num_seqs for row in after_rows):
-            raise ValueError(f"after_rows {after_rows} must lie in [0, {after.num_seqs})")
         if not self.can_launch_decode(plan, rows):
             raise ValueError("launch_decode takes static decode steps whose rows ask for no logprobs and ban no ids (check can_launch_decode)")
         self.copy_blocks(plan.block_copies)

@@ -149,13 +149,13 @@ class EngineBench:
         sampled = SamplingParams(**SAMPLED, max_tokens=self.output_tokens, ignore_eos=True)
         return {"seconds": statistics.median(steps) if steps else float("nan"), "decode_steps": len(steps), "prompt_tokens": len(prompt),
                 "output_tokens": self.output_tokens, "engine_step_seconds": statistics.median(engine_steps) if engine_steps else float("nan"),
-                "async_engine_step_seconds": _median(self._async_steps([prompt])),
-                "sampled_engine_step_seconds": _median(self._async_steps([prompt], sampled, async_decode=False)),
-                "async_sampled_engine_step_seconds": _median(self._async_steps([prompt], sampled)),
+                "async_engine_step_seconds": _median(self._engine_steps([prompt])),
+                "sampled_engine_step_seconds": _median(self._engine_steps([prompt], sampled, async_decode=False)),
+                "async_sampled_engine_step_seconds": _median(self._engine_steps([prompt], sampled)),
                 "sampling": SAMPLED, "graph_replay_seconds": self.graph_replay_seconds(1)}  # fmt: skip
 
-    def _async_steps(self, prompts: list[list[int]], params: SamplingParams | None = None, async_decode: bool = True) -> list[float]:
-        """Seconds of each engine step that returned a decode token for every prompt, with async decoding by default
+    def _engine_steps(self, prompts: list[list[int]], params: SamplingParams | None = None, async_decode: bool = True) -> list[float]:
+        """Seconds of each engine step that returned a decode token for every prompt, with async decoding unless told
         (each step is launched before the previous one's tokens are read, so a step's time is the interval between
         tokens); greedy unless `params`; empty where the engine has no static decode path."""
         engine = self.engine
@@ -164,14 +164,13 @@ class EngineBench:
         params = params or SamplingParams(temperature=0, max_tokens=self.output_tokens, ignore_eos=True)
         engine.async_decode = async_decode
         try:
-            ids = [engine.add_request(prompt_token_ids=prompt, params=params) for prompt in prompts]
-            seen = dict.fromkeys(ids, 0)
+            ids = {engine.add_request(prompt_token_ids=prompt, params=params) for prompt in prompts}
             steps = []
             while engine.has_unfinished():
                 begin = time.perf_counter()
                 outputs = engine.step()
                 elapsed = time.perf_counter() - begin
-                decoded = [o for o in outputs if o.request_id in seen and len(o.outputs[0].token_ids) > 1]
+                decoded = [o for o in outputs if o.request_id in ids and len(o.outputs[0].token_ids) > 1]
                 if len(decoded) == len(prompts):
                     steps.append(elapsed)
         finally:
@@ -195,7 +194,7 @@ class EngineBench:
             for r in self.recorder.records
             if r.is_decode and r.num_seqs == batch
         ]
-        async_steps = self._async_steps(prompts)
+        async_steps = self._engine_steps(prompts)
         return {
             "async_tokens_per_second": batch * len(async_steps) / sum(async_steps) if async_steps else None,
             "tokens_per_second": batch * len(full) / sum(full)
