@@ -186,9 +186,17 @@ class EngineBench:
         # Warm-up with the timed prompts' lengths: captures this bucket's graph and compiles the kernels of a prefill of
         # this many prompt tokens (run69 warmed up on 16-token prompts; its end-to-end rates then held 2.3 to 9.3 s outside
         # the decode steps, e.g. 675 tok/s end to end against 2,842 in the decode steps at batch 32).
-        self._run([self._random_prompt(self.batch_prompt_tokens) for _ in range(batch)], max_tokens=3)  # other prompts, same lengths
+        # It must also reach a decode step of the whole batch, which records that bucket's graph: with chunked prefill the
+        # batch decodes together only after ceil(batch * prompt tokens / token budget) prefill steps (run71 warmed up with
+        # 3 output tokens, so batches 32 and 64 first decoded together, and captured, inside the timed run: 632 tok/s
+        # against 2,640 in the async run after it).
+        prefill_steps = -(-batch * self.batch_prompt_tokens // self.engine.scheduler.max_num_batched_tokens)
+        self._run([self._random_prompt(self.batch_prompt_tokens) for _ in range(batch)], max_tokens=prefill_steps + 2)  # other prompts, same lengths
+        decoder = self.recorder.runner.decoder
+        captured = getattr(decoder, "captured_buckets", ())
         self.recorder.records.clear()
         wall = self._run(prompts, max_tokens=self.output_tokens)
+        captured_in_timed_run = getattr(decoder, "captured_buckets", ()) != captured
         full = [
             r.seconds
             for r in self.recorder.records
@@ -204,6 +212,8 @@ class EngineBench:
             "step_seconds_median": statistics.median(full) if full else float("nan"),
             "graph_replay_seconds": self.graph_replay_seconds(next((b for b in getattr(self.recorder.runner.decoder, "buckets", ()) if b >= batch), batch)),
             "end_to_end_tokens_per_second": batch * self.output_tokens / wall,
+            "slowest_step_seconds": sorted(full)[-3:],
+            "graph_captured_in_timed_run": captured_in_timed_run,
             "prompt_tokens": self.batch_prompt_tokens,
             "output_tokens": self.output_tokens,
         }

@@ -89,6 +89,10 @@ def markdown(document: dict) -> str:
                 + (f"{1e3 * replay:.3f} ms (events over repeated replays)." if replay else "not measured (no graph).")
             ),
         ]
+    captured = [batch for batch, figures in ((document.get("ours") or {}).get("throughput") or {}).items() if figures.get("graph_captured_in_timed_run")]
+    if captured:
+        lines += ["", f"WARNING: the decode graph of batch {', '.join(captured)} was captured inside the timed run (the warm-up did not reach "
+                      "it), so that row's synchronous rate includes compilation and capture."]  # fmt: skip
     peer = document.get("peer")
     lines += [
         "",

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from reference_engine.bench.gate import compare_logits, run_gate
+from reference_engine.bench.report import markdown
 from reference_engine.bench.run import BenchOptions, run_bench
 from reference_engine.presets import build_preset
 from reference_engine.tokenizer import load_tokenizer
@@ -93,6 +94,10 @@ def test_bench_writes_json_and_markdown(tmp_path) -> None:
     assert "flash-linear-attention" in saved["peer"]["note"]
     assert saved["profile"]["kernels"] and saved["profile"]["total_us"] > 0
     assert saved["ours"]["throughput"]["2"]["decode_steps"] >= 1
+    assert saved["ours"]["throughput"]["2"]["graph_captured_in_timed_run"] is False and "WARNING" not in summary
+    flagged = json.loads(json.dumps(saved))
+    flagged["ours"]["throughput"]["2"]["graph_captured_in_timed_run"] = True
+    assert "WARNING: the decode graph of batch 2 was captured inside the timed run" in markdown(flagged)
     assert (
         "| figure | ours | floor | ours/floor | peer | peer/ours |" in summary
         and "TPOT, batch 1" in summary
@@ -198,6 +203,8 @@ def test_bench_tiny_on_cuda_with_graphs(tmp_path) -> None:
     assert document["ours"]["decode_mode"].startswith("graphs"), document["ours"][
         "decode_mode"
     ]
+    # batch 2 of 8-token prompts prefills in one step; the warm-up must still reach the batch's decode graph
+    assert not any(figures["graph_captured_in_timed_run"] for figures in document["ours"]["throughput"].values())
     assert (
         document["profile"]["clock"].startswith("device")
         and document["profile"]["kernels"]
