@@ -91,8 +91,8 @@ def markdown(document: dict) -> str:
         ]
     captured = [batch for batch, figures in ((document.get("ours") or {}).get("throughput") or {}).items() if figures.get("graph_captured_in_timed_run")]
     if captured:
-        lines += ["", f"WARNING: the decode graph of batch {', '.join(captured)} was captured inside the timed run (the warm-up did not reach "
-                      "it), so that row's synchronous rate includes compilation and capture."]  # fmt: skip
+        lines += ["", (f"WARNING: the decode graph of batch {', '.join(captured)} was captured inside the timed run (the warm-up did not "
+                       "reach it), so that row's synchronous rate includes compilation and capture.")]  # fmt: skip
     peer = document.get("peer")
     lines += [
         "",
