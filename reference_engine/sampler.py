@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference_engine.ops.sampling import sample_tokens_unchecked
+from reference_engine.ops.sampling import sample_tokens_unchecked, top_k_bound
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,13 @@ class Sampler:
         seeds = torch.tensor([row.seed for row in rows], dtype=torch.int64)  # on the device, with no device read
         all_greedy = bool((temperature == 0).all())
         filtered = bool((((top_k > 0) & (top_k < vocab)) | (top_p < 1)).any())
+        candidates = top_k_bound([row.temperature for row in rows], [row.top_k for row in rows], vocab)
         out = self._out[:num_rows]
         if self.device.type == "cuda":  # a copy from pageable memory would wait for the stream (torch syncs it); pinned
             # blocks from torch's caching host allocator are not reused before their copy has run
             temperature, top_k, top_p, seeds = (t.pin_memory().to(self.device, non_blocking=True) for t in (temperature, top_k, top_p, seeds))
-        return sample_tokens_unchecked(logits, temperature, top_k, top_p, seeds, out, all_greedy=all_greedy, filtered=filtered)
+        return sample_tokens_unchecked(logits, temperature, top_k, top_p, seeds, out, all_greedy=all_greedy, filtered=filtered,
+                                       candidates=candidates)
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, rows: list[SamplingRow], tokens: list[int]) -> list[dict[int, float] | None]:

@@ -34,6 +34,23 @@ def uniform_from_seeds(seeds: torch.Tensor) -> torch.Tensor:
     return _shift_right_logical(z, 40).to(torch.float64) * (2.0**-24)
 
 
+TOP_K_SELECT_MAX = 1024  # rows filtered to at most this many tokens take `_top_candidates`, not a sort of the vocabulary
+
+
+def _top_candidates(scaled: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `count` first tokens of each row of `scaled` [B, V] float32 in the order of a stable descending sort (value
+    descending, ties lower id first), as (values [B, count], ids [B, count]), from one top-k selection over unique
+    int64 keys: the float's bits mapped to an order-preserving integer in the high word (negative floats have their
+    magnitude bits flipped; -0.0 is made +0.0 first, as the sort ties them), V - 1 - id in the low word."""
+    vocab = scaled.shape[1]
+    bits = (scaled + 0.0).view(torch.int32).to(torch.int64)  # sign-extended float32 bits
+    ordered = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # increasing with the float value
+    ids = torch.arange(vocab, device=scaled.device, dtype=torch.int64)
+    keys = ordered * (1 << 32) + (vocab - 1 - ids)[None, :]
+    order = torch.topk(keys, count, dim=-1, largest=True, sorted=True).indices  # [B, count], distinct keys: no ties
+    return scaled.gather(1, order), order
+
+
 def _check(logits, temperature, top_k, top_p, seeds, out) -> None:
     def require(condition: bool, message: str) -> None:
         if not condition:
@@ -71,7 +88,15 @@ def sample_tokens(
     vocab = logits.shape[1]
     all_greedy = bool((temperature == 0).all())
     filtered = bool((((top_k > 0) & (top_k < vocab)) | (top_p < 1)).any())
-    return sample_tokens_unchecked(logits, temperature, top_k, top_p, seeds, out, all_greedy=all_greedy, filtered=filtered)
+    return sample_tokens_unchecked(logits, temperature, top_k, top_p, seeds, out, all_greedy=all_greedy, filtered=filtered,
+                                   candidates=top_k_bound(temperature.tolist(), top_k.tolist(), vocab))  # fmt: skip
+
+
+def top_k_bound(temperatures: list[float], top_ks: list[int], vocab: int) -> int | None:
+    """The largest top_k of the sampled rows (temperature > 0) when every one of them keeps 0 < top_k < vocab tokens,
+    else None (some sampled row keeps the whole vocabulary, or no row samples)."""
+    kept = [k for t, k in zip(temperatures, top_ks, strict=True) if t > 0]
+    return max(kept) if kept and all(0 < k < vocab for k in kept) else None
 
 
 def sample_tokens_unchecked(
@@ -84,10 +109,16 @@ def sample_tokens_unchecked(
     *,
     all_greedy: bool,
     filtered: bool,
+    candidates: int | None = None,
 ) -> torch.Tensor:
     """`sample_tokens` without its checks and host reads, for callers that know the rows' settings on the host (the
-    engine's sampler): all_greedy, every temperature is 0; filtered, some row has 0 < top_k < V or top_p < 1. Queues
-    device work only, so a decode step can be launched behind it before its tokens are read."""
+    engine's sampler): all_greedy, every temperature is 0; filtered, some row has 0 < top_k < V or top_p < 1;
+    candidates (optional), every non-greedy row has 0 < top_k <= candidates. Queues device work only, so a decode step
+    can be launched behind it before its tokens are read.
+
+    With candidates at most `TOP_K_SELECT_MAX` (and below V), the rows' top-k come from one selection of that many
+    tokens instead of a sort of the vocabulary (`_top_candidates`); the filtered distribution and its order are the
+    same, so is the token (the softmax sums fewer terms, which may move a probability by a float32 rounding)."""
     vocab = logits.shape[1]
     logits32 = logits.float()
     greedy = temperature == 0  # [B]
@@ -106,8 +137,12 @@ def sample_tokens_unchecked(
         index = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).clamp(max=vocab - 1)
         out.copy_(torch.where(greedy, greedy_tokens, index.squeeze(1)))
         return out
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # ties: lower id first
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
+    if candidates is not None and 0 < candidates <= min(TOP_K_SELECT_MAX, vocab - 1):
+        sorted_logits, order = _top_candidates(scaled, candidates)  # [B, C]
+        k = k.clamp(max=candidates)  # greedy rows may ask for more; their draw is not used
+    else:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # ties: lower id first
+    ranks = torch.arange(sorted_logits.shape[1], device=logits.device)[None, :]
     sorted_logits = sorted_logits.masked_fill(ranks >= k[:, None], float("-inf"))
     probs = torch.softmax(sorted_logits, dim=-1).double()  # [B, V], sorted descending
     mass_before = probs.cumsum(dim=-1) - probs
@@ -115,7 +150,7 @@ def sample_tokens_unchecked(
     keep[:, 0] = True
     cdf = (probs * keep).cumsum(dim=-1)  # [B, V]
     target = uniform * cdf[:, -1]  # strictly below the total mass
-    index = torch.searchsorted(cdf, target[:, None], right=True).clamp(max=vocab - 1)  # first index with cdf > target
+    index = torch.searchsorted(cdf, target[:, None], right=True).clamp(max=cdf.shape[1] - 1)  # first index with cdf > target
     sampled = order.gather(1, index).squeeze(1)
     out.copy_(torch.where(greedy, greedy_tokens, sampled))
     return out
