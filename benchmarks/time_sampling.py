@@ -5,7 +5,9 @@
 Rows sampled with the bench's SAMPLED settings (temperature 0.7, top-p 0.8, top-k 20; Qwen's recommended ones) from
 random bfloat16-rounded logits [B, V] float32. Per batch and path: the median of `repeats` timings of the whole
 `sample_tokens_unchecked` call (CUDA events around each call on a GPU, perf_counter on the CPU), taken in alternation
-(sort, selection, sort, ...), and whether the two paths drew the same tokens for every seed tried.
+(sort, selection, sort, ...), and whether the two paths drew the same tokens for every seed tried. Those timings hold
+the host's launches (some forty small ops); on a GPU each path is also recorded in a CUDA graph and its replays timed,
+the device time alone (what a sampler graph costs).
 """
 
 from __future__ import annotations
@@ -58,7 +60,15 @@ def measure(vocab: int, batch: int, repeats: int, device: torch.device) -> dict:
                 times[path].append(seconds)
         same = same and torch.equal(tokens["sort"], tokens["selection"])
     sort, selection = statistics.median(times["sort"]), statistics.median(times["selection"])
-    return {"batch": batch, "sort_seconds": sort, "selection_seconds": selection, "selection_over_sort": selection / sort, "same_tokens": same}
+    row = {"batch": batch, "sort_seconds": sort, "selection_seconds": selection, "selection_over_sort": selection / sort, "same_tokens": same}
+    if device.type == "cuda":  # device time alone: each path recorded in a CUDA graph, replayed (what a sampler graph costs)
+        for path, candidates in (("sort", None), ("selection", bound)):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                sample_tokens_unchecked(logits, temperature, top_k, top_p, seeds, out, all_greedy=False, filtered=True, candidates=candidates)
+            graph.replay()
+            row[f"{path}_graph_seconds"] = _timed(device, lambda graph=graph: [graph.replay() for _ in range(repeats)]) / repeats
+    return row
 
 
 def main() -> None:
@@ -71,8 +81,9 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = [measure(args.vocab, int(b), args.repeats, device) for b in args.batches.split(",")]
     for row in rows:
+        graphs = f", in graphs {1e6 * row['sort_graph_seconds']:.1f} / {1e6 * row['selection_graph_seconds']:.1f} us" if "sort_graph_seconds" in row else ""
         print(f"batch {row['batch']}: sort {1e6 * row['sort_seconds']:.1f} us, selection {1e6 * row['selection_seconds']:.1f} us, "
-              f"ratio {row['selection_over_sort']:.3f}, same tokens {row['same_tokens']}")  # fmt: skip
+              f"ratio {row['selection_over_sort']:.3f}, same tokens {row['same_tokens']}{graphs}")  # fmt: skip
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     args.out.write_text(json.dumps({"device": name, "torch": torch.__version__, "vocab": args.vocab, "sampling": SAMPLED, "rows": rows}, indent=1))
 

@@ -111,7 +111,7 @@ class ModelRunner:
         self._has_initial_state = torch.zeros(
             seqs, dtype=torch.bool, device=self.device
         )  # [B_max]
-        self.sampler = Sampler(self.device, seqs)
+        self.sampler = Sampler(self.device, seqs, graphs=decode_mode == "graphs")  # sampler graphs for the decode graphs' logits
         # sampled tokens of launched decode steps, two host buffers used in turn (a step's tokens are read while the
         # next step, launched before that read, copies its own)
         self._token_hosts = tuple(torch.zeros(seqs, dtype=torch.int64, pin_memory=self.device.type == "cuda") for _ in range(2))
@@ -209,7 +209,7 @@ class ModelRunner:
                 return greedy_tokens.tolist(), [None] * len(
                     rows
                 )  # the only host sync of a greedy decode step
-            return self.sampler(logits, rows)
+            return self.sampler(logits, rows, static=True)
         if self.prefill_graphs is not None and self.prefill_graphs.accepts(plan):  # one fresh prompt: a bucket's graph
             with forced_backend("torch") if not self.use_triton else contextlib.nullcontext():
                 logits = self.prefill_graphs.run(plan)  # [1, V] float32
@@ -262,7 +262,7 @@ class ModelRunner:
         logits, tokens = self.decoder.run(plan, input_ids=input_ids)  # [B, V], [B]
         self.last_logits = logits
         if any(row.temperature != 0 for row in rows):
-            tokens = self.sampler.launch(logits, rows)  # [B] on the device, no host read
+            tokens = self.sampler.launch(logits, rows, static=True)  # [B] on the device, no host read
         host = self._token_hosts[self._token_turn][: len(plan.chunks)]
         self._token_turn ^= 1
         host.copy_(tokens, non_blocking=host.is_pinned())
