@@ -7,7 +7,8 @@ random bfloat16-rounded logits [B, V] float32. Per batch and path: the median of
 `sample_tokens_unchecked` call (CUDA events around each call on a GPU, perf_counter on the CPU), taken in alternation
 (sort, selection, sort, ...), and whether the two paths drew the same tokens for every seed tried. Those timings hold
 the host's launches (some forty small ops); on a GPU each path is also recorded in a CUDA graph and its replays timed,
-the device time alone (what a sampler graph costs).
+the device time alone (what a sampler graph costs), with a third path: the selection in two Triton launches
+(`kernels/sampling_select.py`, whose draws are compared with the torch selection path's).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import torch
 
 from reference_engine.bench.measure import SAMPLED
+from reference_engine.kernels import sampling_select
 from reference_engine.ops.sampling import sample_tokens_unchecked, top_k_bound
 
 
@@ -62,10 +64,17 @@ def measure(vocab: int, batch: int, repeats: int, device: torch.device) -> dict:
     sort, selection = statistics.median(times["sort"]), statistics.median(times["selection"])
     row = {"batch": batch, "sort_seconds": sort, "selection_seconds": selection, "selection_over_sort": selection / sort, "same_tokens": same}
     if device.type == "cuda":  # device time alone: each path recorded in a CUDA graph, replayed (what a sampler graph costs)
-        for path, candidates in (("sort", None), ("selection", bound)):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+        for path, candidates, fused in (("sort", None, False), ("selection", bound, False), ("fused", bound, True)):
+            sampling_select.FUSED = fused  # the two-launch selection (`kernels/sampling_select.py`)
+            try:
                 sample_tokens_unchecked(logits, temperature, top_k, top_p, seeds, out, all_greedy=False, filtered=True, candidates=candidates)
+                if path == "fused":  # the same draws as the torch selection path
+                    row["fused_same_tokens"] = torch.equal(out, tokens["selection"])
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    sample_tokens_unchecked(logits, temperature, top_k, top_p, seeds, out, all_greedy=False, filtered=True, candidates=candidates)
+            finally:
+                sampling_select.FUSED = False
             graph.replay()
             row[f"{path}_graph_seconds"] = _timed(device, lambda graph=graph: [graph.replay() for _ in range(repeats)]) / repeats
     return row
@@ -81,7 +90,10 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rows = [measure(args.vocab, int(b), args.repeats, device) for b in args.batches.split(",")]
     for row in rows:
-        graphs = f", in graphs {1e6 * row['sort_graph_seconds']:.1f} / {1e6 * row['selection_graph_seconds']:.1f} us" if "sort_graph_seconds" in row else ""
+        graphs = ""
+        if "sort_graph_seconds" in row:
+            graphs = (f", in graphs sort / selection / fused {1e6 * row['sort_graph_seconds']:.1f} / {1e6 * row['selection_graph_seconds']:.1f} / "
+                      f"{1e6 * row['fused_graph_seconds']:.1f} us, fused same tokens {row['fused_same_tokens']}")  # fmt: skip
         print(f"batch {row['batch']}: sort {1e6 * row['sort_seconds']:.1f} us, selection {1e6 * row['selection_seconds']:.1f} us, "
               f"ratio {row['selection_over_sort']:.3f}, same tokens {row['same_tokens']}{graphs}")  # fmt: skip
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"

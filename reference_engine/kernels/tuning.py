@@ -24,7 +24,9 @@ heads below this many rows x heads), the MoE router (one launch up to this batch
 (`benchmarks/kernels/time_decode_pieces.py` measures them at batches 1 to 64); `router_rows` / `router_warps` that one
 launch's logits rows and warps per program (`benchmarks/kernels/time_router.py`), `moe_expert_prefetch` 1 that launch
 prefetching the selected experts' weights into L2 (`benchmarks/kernels/time_moe_expert_prefetch.py`), `router_add_norm` 1
-that launch doing the add + RMSNorm before the MoE block as well (`benchmarks/kernels/time_router_add_norm.py`).
+that launch doing the add + RMSNorm before the MoE block as well (`benchmarks/kernels/time_router_add_norm.py`);
+`sampling_fused_select` 1 the sampling op's top-k selection path in two Triton launches (`kernels/sampling_select.py`,
+`benchmarks/time_sampling.py`).
 `gemm_decode` picks the weight decode of the tensor-core GEMMs (prefill linears and experts, decode batches from
 `gemm_min_tokens`), `gemm_prefetch_linear` / `gemm_prefetch_moe` whether they load the next K step's activation tile
 and block scales a step ahead, `gemm_swap_linear` / `gemm_swap_moe` whether the decoded weight tile is the dot's
@@ -169,6 +171,7 @@ class TuningFile(BaseModel):
     router_warps: Literal[1, 2, 4, 8] | None = None  # fused router: warps per program
     moe_expert_prefetch: int | None = Field(default=None, ge=0, le=1)  # fused router: bulk L2 prefetch of the selected experts
     router_add_norm: int | None = Field(default=None, ge=0, le=1)  # fused router: the norm before the MoE block in the same launch
+    sampling_fused_select: int | None = Field(default=None, ge=0, le=1)  # sampling's top-k selection path in two Triton launches
     gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
     gemm_prefetch_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: next K step's x and scales loaded ahead
     gemm_prefetch_moe: int | None = Field(default=None, ge=0, le=1)  # the same for the routed experts' prefill GEMMs
@@ -216,6 +219,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
         nvfp4_gemv,
         paged_decode,
         router,
+        sampling_select,
         side_stream,
     )
 
@@ -237,7 +241,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
                                 (tuning.dense_gemv_max_tokens, dense_gemv, "MAX_TOKENS"), (tuning.router_rows, router, "ROUTER_ROWS"),
                                 (tuning.router_warps, router, "ROUTER_WARPS"),
                                 (None if tuning.moe_expert_prefetch is None else bool(tuning.moe_expert_prefetch), router, "PREFETCH_EXPERTS"),
-                                (None if tuning.router_add_norm is None else bool(tuning.router_add_norm), router, "ADD_NORM")):  # fmt: skip
+                                (None if tuning.router_add_norm is None else bool(tuning.router_add_norm), router, "ADD_NORM"),
+                                (None if tuning.sampling_fused_select is None else bool(tuning.sampling_fused_select), sampling_select, "FUSED")):  # fmt: skip
         if value is not None:
             setattr(module, name, value)
     if tuning.gemm_min_tokens is not None:

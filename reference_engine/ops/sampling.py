@@ -137,6 +137,11 @@ def sample_tokens_unchecked(
         index = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).clamp(max=vocab - 1)
         out.copy_(torch.where(greedy, greedy_tokens, index.squeeze(1)))
         return out
+    if candidates is not None and 0 < candidates <= min(TOP_K_SELECT_MAX, vocab - 1) and logits32.is_cuda:
+        from reference_engine.kernels import sampling_select
+
+        if sampling_select.FUSED and sampling_select.applies(logits32, candidates):  # two launches (off until timed)
+            return sampling_select.select_and_draw(logits32.contiguous(), temperature, top_k, top_p, uniform, out, candidates)
     if candidates is not None and 0 < candidates <= min(TOP_K_SELECT_MAX, vocab - 1):
         sorted_logits, order = _top_candidates(scaled, candidates)  # [B, C]
         k = k.clamp(max=candidates)  # greedy rows may ask for more; their draw is not used

@@ -149,3 +149,16 @@ def test_switch_timing_writes_its_records_and_a_valid_setting(tmp_path) -> None:
     with pytest.raises(ValueError):
         tuning.write_setting(tuning_file, "moe_expert_prefetch", 3)  # out of range: the file must still validate
     assert json.loads(tuning_file.read_text())["moe_expert_prefetch"] == 1
+
+
+def test_the_fused_sampling_switch_is_applied(tmp_path, monkeypatch) -> None:
+    from reference_engine.kernels import sampling_select
+
+    monkeypatch.setattr(sampling_select, "FUSED", False)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"device": "x", "sampling_fused_select": 1}))
+    tuning.apply_tuning(path)
+    assert sampling_select.FUSED is True
+    path.write_text(json.dumps({"device": "x", "sampling_fused_select": 2}))
+    with pytest.raises(ValueError, match="sampling_fused_select"):
+        tuning.apply_tuning(path)
