@@ -220,7 +220,7 @@ class StaticDecoder:
         """Stage again the last inputs staged for `bucket` (timing replays of that bucket's graph: `staging`
         may since hold another bucket's layout, which that graph would misread)."""
         if bucket not in self._last_values:
-            raise ValueError(f"no step of bucket {bucket} has been staged")
+            raise ValueError(f"no step of bucket {bucket} has been staged with ids the host knows (async steps take theirs on the device)")
         values = self._last_values[bucket]
         self.staging[: len(values)].copy_(torch.tensor(values, dtype=torch.int64))
 
@@ -254,6 +254,7 @@ class StaticDecoder:
             if input_ids.shape != (num_seqs,):
                 raise ValueError(f"input_ids must have shape ({num_seqs},), got {tuple(input_ids.shape)}")
             self.staging[:num_seqs].copy_(input_ids)  # staging's first bucket entries are the input ids
+            self._last_values.pop(bucket, None)  # the host holds placeholders for them: nothing `restage` may repeat
         if not self.use_graphs:
             logits, tokens = self._forward(bucket)
         elif bucket in self._graphs:

@@ -155,6 +155,22 @@ def test_a_step_launched_ahead_for_requests_that_all_finished_is_dropped(model, 
     assert got == expected
 
 
+def test_restage_refuses_a_bucket_whose_last_step_took_its_ids_on_the_device(model, tokenizer):
+    """A timing replay repeats the host's last staged values; after an async step those hold placeholder ids."""
+    engine = _engine(model, tokenizer, async_decode=False)
+    engine.add_request("a", prompt_token_ids=_prompt(8, 5), params=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    decoder = engine.runner.decoder
+    decoder.restage(1)  # synchronous steps: the ids are known
+    engine.async_decode = True
+    engine.add_request("b", prompt_token_ids=_prompt(9, 5), params=SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    with pytest.raises(ValueError, match="async steps take theirs on the device"):
+        decoder.restage(1)
+
+
 def test_async_decoding_is_a_no_op_without_a_static_decode_path(model, tokenizer):
     sync, _ = _drive(_engine(model, tokenizer, async_decode=False, decode_mode="eager"))
     fast, ahead = _drive(_engine(model, tokenizer, async_decode=True, decode_mode="eager"))
