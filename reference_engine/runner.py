@@ -209,7 +209,7 @@ class ModelRunner:
                 return greedy_tokens.tolist(), [None] * len(
                     rows
                 )  # the only host sync of a greedy decode step
-            return self.sampler(logits, rows, static=True)
+            return self.sampler(logits, rows, static=self.decoder.use_graphs)
         if self.prefill_graphs is not None and self.prefill_graphs.accepts(plan):  # one fresh prompt: a bucket's graph
             with forced_backend("torch") if not self.use_triton else contextlib.nullcontext():
                 logits = self.prefill_graphs.run(plan)  # [1, V] float32
@@ -262,7 +262,7 @@ class ModelRunner:
         logits, tokens = self.decoder.run(plan, input_ids=input_ids)  # [B, V], [B]
         self.last_logits = logits
         if any(row.temperature != 0 for row in rows):
-            tokens = self.sampler.launch(logits, rows, static=True)  # [B] on the device, no host read
+            tokens = self.sampler.launch(logits, rows, static=self.decoder.use_graphs)  # [B] on the device, no host read
         host = self._token_hosts[self._token_turn][: len(plan.chunks)]
         self._token_turn ^= 1
         host.copy_(tokens, non_blocking=host.is_pinned())
