@@ -23,27 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "referenc
 
 import test_async_decode as workload
 
-from reference_engine.config import EngineConfig
-from reference_engine.engine import LLMEngine
 from reference_engine.presets import build_preset
 from reference_engine.tokenizer import load_tokenizer
-
-
-def _engine(model, tokenizer, async_decode: bool, use_triton: bool, drain: bool = False) -> LLMEngine:
-    config = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=4, max_model_len=96, num_blocks=48, block_size=4,
-                          async_decode=async_decode)  # fmt: skip
-    engine = LLMEngine(model, tokenizer, config, decode_mode="graphs", use_triton=use_triton)
-    engine.runner.decoder.buckets = (4,)
-    if drain:
-        launch = engine.runner.launch_decode
-
-        def drained(*args, **kwargs):
-            result = launch(*args, **kwargs)
-            torch.cuda.synchronize()
-            return result
-
-        engine.runner.launch_decode = drained
-    return engine
 
 
 def _first_difference(a: dict, b: dict) -> str:
@@ -59,12 +40,12 @@ def main() -> None:
     out = Path(sys.argv[1])
     model = build_preset("tiny", device="cuda", dtype=torch.bfloat16, quantize="nvfp4", seed=3)
     tokenizer = load_tokenizer("tiny")
-    reference, _ = workload._drive(_engine(model, tokenizer, False, False))
+    reference, _ = workload._drive(workload._cuda_engine(model, tokenizer, False, False))
     stop_token = reference["stops"][0][5]
     report = {}
 
     def run(async_decode: bool, use_triton: bool, drain: bool = False) -> dict:
-        return workload._drive(_engine(model, tokenizer, async_decode, use_triton, drain), stop_token)[0]
+        return workload._drive(workload._cuda_engine(model, tokenizer, async_decode, use_triton, drain), stop_token)[0]
 
     for deterministic in (False, True):
         torch.use_deterministic_algorithms(deterministic, warn_only=True)

@@ -8,6 +8,10 @@ Semantics (contracts sampling/greedy and sampling/stochastic):
 - One uniform number per row comes from a counter-based hash of the row's seed (splitmix64 in
   int64 tensor arithmetic), so the same seed gives the same token on any batch composition and
   any device, with no generator state; the token is the inverse CDF of the filtered distribution.
+
+Paths: the full vocabulary sorted (stable, descending); rows whose sampled rows all keep at most `TOP_K_SELECT_MAX`
+tokens take one top-k selection over unique order keys instead (`_top_candidates`, same order as the sort); on CUDA
+with `kernels.sampling_select.FUSED` that selection and the draw run in two Triton launches.
 """
 
 from __future__ import annotations
@@ -121,28 +125,29 @@ def sample_tokens_unchecked(
     same, so is the token (the softmax sums fewer terms, which may move a probability by a float32 rounding)."""
     vocab = logits.shape[1]
     logits32 = logits.float()
+    if all_greedy:
+        out.copy_(logits32.argmax(dim=-1))  # first maximum: ties go to the lowest id
+        return out
+    uniform = uniform_from_seeds(seeds)  # [B] float64
+    select = filtered and candidates is not None and 0 < candidates <= min(TOP_K_SELECT_MAX, vocab - 1)
+    if select and logits32.is_cuda:
+        from reference_engine.kernels import sampling_select
+
+        if sampling_select.FUSED and sampling_select.applies(logits32, candidates):  # two launches (off until timed)
+            return sampling_select.select_and_draw(logits32.contiguous(), temperature, top_k, top_p, uniform, out, candidates)
     greedy = temperature == 0  # [B]
     greedy_tokens = logits32.argmax(dim=-1)  # first maximum: ties go to the lowest id
-    if all_greedy:
-        out.copy_(greedy_tokens)
-        return out
     safe_temperature = torch.where(greedy, torch.ones_like(temperature), temperature).float()
     scaled = logits32 / safe_temperature[:, None]  # [B, V]
     k = top_k.long()
     k = torch.where((k <= 0) | (k >= vocab), torch.full_like(k, vocab), k)
-    uniform = uniform_from_seeds(seeds)  # [B] float64
     if not filtered:
         # no row filters: draw from the unsorted distribution (sorting the vocabulary is the slow part)
         cdf = torch.softmax(scaled, dim=-1).double().cumsum(dim=-1)  # [B, V]
         index = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).clamp(max=vocab - 1)
         out.copy_(torch.where(greedy, greedy_tokens, index.squeeze(1)))
         return out
-    if candidates is not None and 0 < candidates <= min(TOP_K_SELECT_MAX, vocab - 1) and logits32.is_cuda:
-        from reference_engine.kernels import sampling_select
-
-        if sampling_select.FUSED and sampling_select.applies(logits32, candidates):  # two launches (off until timed)
-            return sampling_select.select_and_draw(logits32.contiguous(), temperature, top_k, top_p, uniform, out, candidates)
-    if candidates is not None and 0 < candidates <= min(TOP_K_SELECT_MAX, vocab - 1):
+    if select:
         sorted_logits, order = _top_candidates(scaled, candidates)  # [B, C]
         k = k.clamp(max=candidates)  # greedy rows may ask for more; their draw is not used
     else:

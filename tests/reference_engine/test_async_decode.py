@@ -269,6 +269,30 @@ def test_schedule_decode_ahead_places_the_pending_token():
         scheduler.schedule_decode_ahead(ahead_again)
 
 
+def _cuda_engine(model, tokenizer, async_decode: bool, use_triton: bool, drain: bool = False) -> LLMEngine:
+    """The CUDA test's engine (also `benchmarks/diagnose_async_torch.py`'s): graphs at one decode bucket; drain: the
+    device synchronised after every decode launch."""
+    config = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=4, max_model_len=96, num_blocks=48, block_size=4,
+                          async_decode=async_decode)  # fmt: skip
+    engine = LLMEngine(model, tokenizer, config, decode_mode="graphs", use_triton=use_triton)
+    # One bucket for every step. The async run keeps a request that hit its stop token in the step launched before the
+    # host saw that token, where the synchronous run has a padding row; with buckets 1, 2, 4 the two runs then replayed
+    # graphs of different sizes, whose kernels sum in other orders, and bfloat16 logits that tie or nearly tie broke
+    # apart (run71, H100: on the Triton kernels "late" parted at its 10th token; on the CPU a bfloat16 model also flips
+    # MoE routing between the static and eager paths). At one bucket size a row's result does not depend on the others.
+    engine.runner.decoder.buckets = (4,)
+    if drain:
+        launch = engine.runner.launch_decode
+
+        def drained(*args, **kwargs):
+            result = launch(*args, **kwargs)
+            torch.cuda.synchronize()
+            return result
+
+        engine.runner.launch_decode = drained
+    return engine
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("use_triton", [False, True])
 def test_async_decoding_matches_the_synchronous_engine_with_cuda_graphs(tokenizer, use_triton):
@@ -284,26 +308,7 @@ def test_async_decoding_matches_the_synchronous_engine_with_cuda_graphs(tokenize
     model = build_preset("tiny", device="cuda", dtype=torch.bfloat16, quantize="nvfp4", seed=3)
 
     def engine(async_decode: bool, drain: bool = False) -> LLMEngine:
-        config = EngineConfig(device="cuda", dtype="bfloat16", max_num_seqs=4, max_model_len=96, num_blocks=48, block_size=4,
-                              async_decode=async_decode)  # fmt: skip
-        engine = LLMEngine(model, tokenizer, config, decode_mode="graphs", use_triton=use_triton)
-        # One bucket for every step. The async run keeps a request that hit its stop token in the step launched before
-        # the host saw that token, where the synchronous run has a padding row; with buckets 1, 2, 4 the two runs then
-        # replayed graphs of different sizes, whose kernels sum in other orders, and bfloat16 logits that tie or nearly
-        # tie broke apart (run71, H100: on the Triton kernels "late" parted at its 10th token; on the CPU a bfloat16
-        # model also flips MoE routing between the static and eager paths). At one bucket size a row's result does not
-        # depend on the other rows.
-        engine.runner.decoder.buckets = (4,)
-        if drain:
-            launch = engine.runner.launch_decode
-
-            def drained(*args, **kwargs):
-                result = launch(*args, **kwargs)
-                torch.cuda.synchronize()
-                return result
-
-            engine.runner.launch_decode = drained
-        return engine
+        return _cuda_engine(model, tokenizer, async_decode, use_triton, drain)
 
     reference, _ = _drive(engine(False))
     stop_token = reference["stops"][0][5]
