@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Prepared in the twenty-fourth session for the next one's first call. Usage: OUT=$OUT NAME=runNN COMMIT=<sha> bash benchmarks/gpu_session25.sh
+# 0. `kernels/time_weight_layout.py`: the grouped MoE's access pattern, row-major against tile-major (about 40 s).
 # 1. CUDA tests not yet run on a GPU (about 150 s): the async test's new criteria (torch ops: async equals async drained;
 #    Triton: async equals sync), the fused selection sampler (`kernels/sampling_select.py`), sampler graphs, LLM on CUDA.
 # 2. `time_sampling.py` (sort / torch selection / fused selection, device time in graphs) and `time_topk.py` (about 40 s).
@@ -9,6 +10,7 @@
 set -u
 OUT="${OUT:-/tmp/session25-out}"; NAME="${NAME:-session25}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
+timeout 90 python3 benchmarks/kernels/time_weight_layout.py "$OUT/$NAME-layout.json" > "$OUT/$NAME-layout.log" 2>&1; echo "layout rc=$?"; cat "$OUT/$NAME-layout.log" | cut -c1-200
 timeout "${TEST_S:-200}" python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/test_async_decode.py \
   tests/reference_engine/kernels/test_sampling_select.py tests/reference_engine/test_sampler_graphs.py tests/reference_engine/test_llm_cuda.py \
   > "$OUT/$NAME-pytest.log" 2>&1
