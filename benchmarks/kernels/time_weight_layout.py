@@ -144,7 +144,7 @@ def main() -> None:
             parts = 2 if shape.two else 1
             out = torch.empty(ACTIVE * shape.rows // (bn * parts), dtype=torch.int64, device="cuda")
 
-            def step(bn=bn, bb=bb, layout=layout, use_scales=use_scales, out=out):
+            def step(bn=bn, bb=bb, layout=layout, use_scales=use_scales, out=out, layers=layers, chosen=chosen, shape=shape):
                 for (codes, scales), experts in zip(layers, chosen, strict=True):
                     launch(codes, scales, experts, out, shape, bn, bb, layout, use_scales)
 

@@ -82,6 +82,60 @@ class HalfGroupedPlan:
     fp8: int = 0  # 1: codes widened through E4M3 (`nvfp4_half_dot`'s FP8 decode; x pairs in its order, times 4)
 
 
+@dataclass(frozen=True)
+class TiledWeights:
+    """One expert stack's codes (int64 scale blocks) and E4M3 scales in tile-major order for the kernels' tiles: each row
+    tile's words stored in the order its K loop reads them, [expert, row tile, K step, (gate, up), row, block] for
+    gate/up and [expert, row tile, K step, row, block] for down, so a K step reads one contiguous run (`tile_major`).
+    The row-major stack stays where it is (the other kernels read it); this is a second copy."""
+
+    gate_up_words: torch.Tensor  # int64, E * 2I * H/16 words
+    gate_up_scale: torch.Tensor  # float8_e4m3fn, the same count
+    down_words: torch.Tensor  # int64, E * H * I/16
+    down_scale: torch.Tensor
+    tiles: tuple[int, int, int, int]  # (gate/up rows, gate/up blocks per step, down rows, down blocks per step) it was ordered for
+
+
+def tile_major(blocks: torch.Tensor, parts: int, block_n: int, block_b: int) -> torch.Tensor:
+    """[E, rows, K] (rows = parts x R; one element per scale block) -> the same elements, flat, in the order
+    [E, R / block_n, K / block_b, parts, block_n, block_b]: row r of part q is row q * R + r of the input."""
+    experts, rows, k = blocks.shape
+    _require(rows % (parts * block_n) == 0 and k % block_b == 0, f"[{experts}, {rows}, {k}] does not tile into {parts} x {block_n} rows by {block_b} blocks")
+    raw = blocks.view(torch.uint8) if blocks.dtype == torch.float8_e4m3fn else blocks  # float8 permutes as bytes
+    view = raw.reshape(experts, parts, rows // (parts * block_n), block_n, k // block_b, block_b)
+    return view.permute(0, 2, 4, 1, 3, 5).contiguous().reshape(-1).view(blocks.dtype)
+
+
+def _tiles(plan: HalfGroupedPlan, hidden: int, inter: int) -> tuple[int, int, int, int]:
+    """The (rows, blocks per step) the kernels run with under `plan` at this shape, gate/up then down."""
+    return (min(plan.gate_up_block_n, next_power_of_2(inter)), _steps(plan.gate_up_block_b, hidden // 16),
+            min(plan.down_block_n, next_power_of_2(hidden)), _steps(plan.down_block_b, inter // 16))  # fmt: skip
+
+
+def tiled_weights(gate_up_packed: torch.Tensor, gate_up_scale: torch.Tensor, down_packed: torch.Tensor, down_scale: torch.Tensor,
+                  plan: HalfGroupedPlan | None = None) -> TiledWeights:  # fmt: skip
+    """Row-major stacks ([E, 2I, H/2] codes, [E, 2I, H/16] scales, [E, H, I/2], [E, H, I/16]; E may be absent for the
+    shared expert) -> their tile-major copy for `plan`'s tiles (default `PLAN`)."""
+    p = plan if plan is not None else PLAN
+    if gate_up_packed.dim() == 2:  # the shared expert: one expert
+        gate_up_packed, gate_up_scale, down_packed, down_scale = (t.unsqueeze(0) for t in (gate_up_packed, gate_up_scale, down_packed, down_scale))
+    hidden, inter = gate_up_packed.shape[2] * 2, gate_up_packed.shape[1] // 2
+    gu_n, gu_b, d_n, d_b = tiles = _tiles(p, hidden, inter)
+    return TiledWeights(
+        gate_up_words=tile_major(gate_up_packed.contiguous().view(torch.int64), 2, gu_n, gu_b),
+        gate_up_scale=tile_major(gate_up_scale.contiguous(), 2, gu_n, gu_b),
+        down_words=tile_major(down_packed.contiguous().view(torch.int64), 1, d_n, d_b),
+        down_scale=tile_major(down_scale.contiguous(), 1, d_n, d_b),
+        tiles=tiles,
+    )
+
+
+def tile_experts(experts: StackedNvfp4Experts, shared: SharedNvfp4Expert, plan: HalfGroupedPlan | None = None) -> tuple[TiledWeights, TiledWeights]:
+    """The routed stack's and the shared expert's tile-major copies, for `half_grouped_experts_with_shared(tiled=...)`."""
+    return (tiled_weights(experts.gate_up_packed, experts.gate_up_scale, experts.down_packed, experts.down_scale, plan),
+            tiled_weights(shared.gate_up_packed, shared.gate_up_scale, shared.down_packed, shared.down_scale, plan))  # fmt: skip
+
+
 PLAN = HalfGroupedPlan()
 MIN_TOKENS: int | None = None  # `moe_decode.moe_block_decode` runs these kernels for batches MIN_TOKENS..MAX_TOKENS (None: never)
 MAX_TOKENS: int | None = None  # None: no upper bound
@@ -232,10 +286,11 @@ def _pairs_kernel(x32_ptr, out_ptr, WORDS: tl.constexpr, K_BLOCKS: tl.constexpr,
 def _gate_up_chunk(
     x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr,
     I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, TC: tl.constexpr, ASM: tl.constexpr,
-    PAIRS: tl.constexpr, FP8: tl.constexpr,
+    PAIRS: tl.constexpr, FP8: tl.constexpr, tile_base=0, TILED: tl.constexpr = False,
 ):
     """Gate and up rows `gate_rows` [BN] (int64, up rows I further) against TC tokens t0.. (pairs p0.., the first n real):
-    act[p_i, rows] = silu(gate) * up."""
+    act[p_i, rows] = silu(gate) * up. TILED: the codes and scales are in tile-major order (`tile_major`) and this
+    program's tile starts at word `tile_base`; each K step reads one contiguous run, gate then up."""
     g0 = tl.zeros((BN, BB), dtype=tl.float32)
     u0 = tl.zeros((BN, BB), dtype=tl.float32)
     g1 = g0
@@ -248,8 +303,12 @@ def _gate_up_chunk(
         cols = block0 + tl.arange(0, BB)
         ok = cols < K_BLOCKS
         tile_ok = ok[None, :]  # rows are clamped in range; only the last K step can run past a row
-        gate_offsets = gate_rows[:, None] * K_BLOCKS + cols[None, :]
-        up_offsets = gate_offsets + I * K_BLOCKS
+        if TILED:
+            gate_offsets = tile_base + (block0 // BB) * (2 * BN * BB) + tl.arange(0, BN)[:, None] * BB + tl.arange(0, BB)[None, :]
+            up_offsets = gate_offsets + BN * BB
+        else:
+            gate_offsets = gate_rows[:, None] * K_BLOCKS + cols[None, :]
+            up_offsets = gate_offsets + I * K_BLOCKS
         gate_scale = tl.load(scale_ptr + gate_offsets, mask=tile_ok, other=0.0).to(tl.float32)
         up_scale = tl.load(scale_ptr + up_offsets, mask=tile_ok, other=0.0).to(tl.float32)
         a0, a1, a2, a3, a4, a5, a6, a7 = _decoded(tl.load(blocks_ptr + gate_offsets, mask=tile_ok, other=0), ASM, FP8)
@@ -305,15 +364,15 @@ def _store_act(act_ptr, pair, rows, valid, gate_acc, up_acc, gate_s2, up_s2, I: 
 def _gate_up_chunks(
     x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr,
     I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, tile_base=0, TILED: tl.constexpr = False,
 ):
     """One chunk of n (1..4) tokens, with the products for 1, 2 or 4 of them."""
     if n == 1:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS, FP8)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS, FP8, tile_base, TILED)
     elif n == 2:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS, FP8)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS, FP8, tile_base, TILED)
     else:
-        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS, FP8)
+        _gate_up_chunk(x32_ptr, t0, t1, t2, t3, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, gate_rows, rows, gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS, FP8, tile_base, TILED)
 
 
 @triton.jit
@@ -342,17 +401,18 @@ def _shared_chunk_pairs(chunk, T, SLOTS: tl.constexpr):
 def _gate_up_kernel(
     x32_ptr, counts_ptr, pairs_ptr, P, T, w_ptr, s_ptr, s2_ptr, shared_w_ptr, shared_s_ptr, shared_s2_ptr, act_ptr,
     I: tl.constexpr, H_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, SLOTS: tl.constexpr, SHARED_CHUNKS: tl.constexpr,
-    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0, FP8: tl.constexpr = False,
+    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0, FP8: tl.constexpr = False, TILED: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     clamped = tl.minimum(rows, I - 1).to(tl.int64)  # clamped rows: in-range loads, masked stores
+    TILE_WORDS: tl.constexpr = 2 * BN * K_BLOCKS  # TILED: one row tile's gate and up words
     if pid < SHARED_CHUNKS:
         n, p0, p1, p2, p3 = _shared_chunk_pairs(pid, T, SLOTS)
         gate_s2 = tl.load(shared_s2_ptr) * 16.0
         up_s2 = tl.load(shared_s2_ptr + 1) * 16.0
         _gate_up_chunks(x32_ptr, p0 // SLOTS, p1 // SLOTS, p2 // SLOTS, p3 // SLOTS, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows,
-                        gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)  # fmt: skip
+                        gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8, tl.program_id(1).to(tl.int64) * TILE_WORDS, TILED)  # fmt: skip
     else:
         group = pid - SHARED_CHUNKS + 1  # group lists: 0 the shared expert (unused here), 1 + e expert e
         count = tl.load(counts_ptr + group)
@@ -360,13 +420,14 @@ def _gate_up_kernel(
         gate_s2 = tl.load(s2_ptr + 2 * expert) * 16.0
         up_s2 = tl.load(s2_ptr + 2 * expert + 1) * 16.0
         gate_rows = expert * (2 * I) + clamped
+        tile_base = (expert * (I // BN) + tl.program_id(1)) * TILE_WORDS
         group_pairs = pairs_ptr + group.to(tl.int64) * P
         m0 = 0
         while m0 < count:  # a while loop: the Triton 3.6 interpreter cannot take a loaded scalar as a range bound
             n = tl.minimum(count - m0, 4)
             p0, p1, p2, p3 = _chunk_pairs(group_pairs, m0, n)
             _gate_up_chunks(x32_ptr, p0 // SLOTS, p1 // SLOTS, p2 // SLOTS, p3 // SLOTS, p0, p1, p2, p3, n, w_ptr, s_ptr, gate_rows, rows,
-                            gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)  # fmt: skip
+                            gate_s2, up_s2, act_ptr, I, H_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8, tile_base, TILED)  # fmt: skip
             m0 += 4
 
 
@@ -374,9 +435,10 @@ def _gate_up_kernel(
 def _down_chunk(
     act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr,
     H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, TC: tl.constexpr, ASM: tl.constexpr,
-    PAIRS: tl.constexpr, FP8: tl.constexpr,
+    PAIRS: tl.constexpr, FP8: tl.constexpr, tile_base=0, TILED: tl.constexpr = False,
 ):
-    """Down rows `down_rows` [BN] (int64) against the activations of TC pairs p0..: y[p_i, rows] = weight * (rows @ act)."""
+    """Down rows `down_rows` [BN] (int64) against the activations of TC pairs p0..: y[p_i, rows] = weight * (rows @ act).
+    TILED: tile-major codes and scales, this program's tile from word `tile_base` (as in `_gate_up_chunk`)."""
     a0 = tl.zeros((BN, BB), dtype=tl.float32)
     a1 = a0
     a2 = a0
@@ -385,7 +447,10 @@ def _down_chunk(
         cols = block0 + tl.arange(0, BB)
         ok = cols < K_BLOCKS
         tile_ok = ok[None, :]  # rows are clamped in range
-        offsets = down_rows[:, None] * K_BLOCKS + cols[None, :]
+        if TILED:
+            offsets = tile_base + (block0 // BB) * (BN * BB) + tl.arange(0, BN)[:, None] * BB + tl.arange(0, BB)[None, :]
+        else:
+            offsets = down_rows[:, None] * K_BLOCKS + cols[None, :]
         scale = tl.load(scale_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)
         c0, c1, c2, c3, c4, c5, c6, c7 = _decoded(tl.load(blocks_ptr + offsets, mask=tile_ok, other=0), ASM, FP8)
         a0 += _token_sums(act32_ptr + p0.to(tl.int64) * I_WORDS, cols, ok, c0, c1, c2, c3, c4, c5, c6, c7, BN, BB, ASM, PAIRS, FP8) * scale
@@ -413,41 +478,45 @@ def _store_y(y_ptr, weights_ptr, pair, rows, mask, acc, s2, H: tl.constexpr):
 def _down_chunks(
     act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr,
     H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, tile_base=0, TILED: tl.constexpr = False,
 ):
     if n == 1:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS, FP8)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 1, ASM, PAIRS, FP8, tile_base, TILED)
     elif n == 2:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS, FP8)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 2, ASM, PAIRS, FP8, tile_base, TILED)
     else:
-        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS, FP8)
+        _down_chunk(act32_ptr, p0, p1, p2, p3, n, blocks_ptr, scale_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, 4, ASM, PAIRS, FP8, tile_base, TILED)
 
 
 @triton.jit
 def _down_kernel(
     act32_ptr, weights_ptr, counts_ptr, pairs_ptr, P, T, w_ptr, s_ptr, s2_ptr, shared_w_ptr, shared_s_ptr, shared_s2_ptr, y_ptr,
     H: tl.constexpr, I_WORDS: tl.constexpr, K_BLOCKS: tl.constexpr, SLOTS: tl.constexpr, SHARED_CHUNKS: tl.constexpr,
-    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0, FP8: tl.constexpr = False,
+    BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, PAIRS: tl.constexpr = 0, FP8: tl.constexpr = False, TILED: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     rows = tl.program_id(1) * BN + tl.arange(0, BN)
     clamped = tl.minimum(rows, H - 1).to(tl.int64)
+    TILE_WORDS: tl.constexpr = BN * K_BLOCKS
     if pid < SHARED_CHUNKS:
         n, p0, p1, p2, p3 = _shared_chunk_pairs(pid, T, SLOTS)
         s2 = tl.load(shared_s2_ptr) * 16.0
-        _down_chunks(act32_ptr, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)
+        _down_chunks(act32_ptr, p0, p1, p2, p3, n, shared_w_ptr, shared_s_ptr, clamped, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8,
+                     tl.program_id(1).to(tl.int64) * TILE_WORDS, TILED)  # fmt: skip
     else:
         group = pid - SHARED_CHUNKS + 1
         count = tl.load(counts_ptr + group)
         expert = (group - 1).to(tl.int64)
         s2 = tl.load(s2_ptr + expert) * 16.0
         down_rows = expert * H + clamped
+        tile_base = (expert * (H // BN) + tl.program_id(1)) * TILE_WORDS
         group_pairs = pairs_ptr + group.to(tl.int64) * P
         m0 = 0
         while m0 < count:
             n = tl.minimum(count - m0, 4)
             p0, p1, p2, p3 = _chunk_pairs(group_pairs, m0, n)
-            _down_chunks(act32_ptr, p0, p1, p2, p3, n, w_ptr, s_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8)
+            _down_chunks(act32_ptr, p0, p1, p2, p3, n, w_ptr, s_ptr, down_rows, rows, s2, weights_ptr, y_ptr, H, I_WORDS, K_BLOCKS, BN, BB, ASM, PAIRS, FP8,
+                         tile_base, TILED)  # fmt: skip
             m0 += 4
 
 
@@ -472,10 +541,13 @@ def half_grouped_experts_with_shared(
     out: torch.Tensor,  # [T, H] bfloat16
     plan: HalfGroupedPlan | None = None,
     check_ids: bool = True,
+    tiled: tuple[TiledWeights, TiledWeights] | None = None,
 ) -> None:
     """Routed experts plus the weighted shared expert (module docstring); the signature of
     `ops.static_moe.nvfp4_experts_with_shared`, bfloat16 x only. `plan`: tiles other than `PLAN`.
-    `check_ids=False` skips the expert-id range check (a host sync; the router's ids are in range)."""
+    `check_ids=False` skips the expert-id range check (a host sync; the router's ids are in range).
+    `tiled`: the routed and shared experts' tile-major copies (`tile_experts`, for this plan's tiles); the kernels then
+    read those instead of the row-major codes and scales (the same values, so the same bits out)."""
     _require(x.dtype == torch.bfloat16, f"the packed float16 grouped experts take bfloat16 x, got {x.dtype}")
     tokens, hidden, top_k, inter, routed, shared_tensors = grouped_inputs(x, topk_weights, topk_ids, experts, shared, out, check_ids)
     if tokens == 0:
@@ -487,6 +559,12 @@ def half_grouped_experts_with_shared(
     gu_packed, gu_scale, gu_scale_2, down_packed, down_scale, down_scale_2 = routed
     s_gu_packed, s_gu_scale, s_gu_scale_2, s_down_packed, s_down_scale, s_down_scale_2 = shared_tensors
     asm = not interpreting()
+    if tiled is not None:
+        want = _tiles(p, hidden, inter)
+        _require(tiled[0].tiles == want and tiled[1].tiles == want, f"tiled copies ordered for tiles {tiled[0].tiles} / {tiled[1].tiles}, the plan runs {want}")
+        _require(inter % want[0] == 0 and hidden % want[2] == 0, f"tile-major reads need whole row tiles: I={inter}, H={hidden}, tiles {want}")
+        gu_packed, gu_scale, down_packed, down_scale = tiled[0].gate_up_words, tiled[0].gate_up_scale, tiled[0].down_words, tiled[0].down_scale
+        s_gu_packed, s_gu_scale, s_down_packed, s_down_scale = tiled[1].gate_up_words, tiled[1].gate_up_scale, tiled[1].down_words, tiled[1].down_scale
     shared_chunks = cdiv(tokens, CHUNK)
     grid_groups = shared_chunks + num_experts
     x32 = x.contiguous().view(torch.int32)
@@ -504,7 +582,7 @@ def half_grouped_experts_with_shared(
         source, counts, group_pairs, pairs, tokens,
         gu_packed.view(torch.int64), gu_scale, gu_scale_2, s_gu_packed.view(torch.int64), s_gu_scale, s_gu_scale_2, act,
         I=inter, H_WORDS=hidden // 2, K_BLOCKS=hidden // 16, SLOTS=slots, SHARED_CHUNKS=shared_chunks,
-        BN=block_n, BB=_steps(p.gate_up_block_b, hidden // 16), ASM=asm, PAIRS=p.pairs, FP8=bool(p.fp8), num_warps=p.num_warps,
+        BN=block_n, BB=_steps(p.gate_up_block_b, hidden // 16), ASM=asm, PAIRS=p.pairs, FP8=bool(p.fp8), TILED=tiled is not None, num_warps=p.num_warps,
     )
     if act.dtype == torch.float32:
         act = act.to(torch.bfloat16)
@@ -514,6 +592,6 @@ def half_grouped_experts_with_shared(
         act.view(torch.int32), topk_weights.contiguous(), counts, group_pairs, pairs, tokens,
         down_packed.view(torch.int64), down_scale, down_scale_2, s_down_packed.view(torch.int64), s_down_scale, s_down_scale_2, y,
         H=hidden, I_WORDS=inter // 2, K_BLOCKS=inter // 16, SLOTS=slots, SHARED_CHUNKS=shared_chunks,
-        BN=block_n, BB=_steps(p.down_block_b, inter // 16), ASM=asm, PAIRS=p.pairs, FP8=bool(p.fp8), num_warps=p.num_warps,
+        BN=block_n, BB=_steps(p.down_block_b, inter // 16), ASM=asm, PAIRS=p.pairs, FP8=bool(p.fp8), TILED=tiled is not None, num_warps=p.num_warps,
     )
     slot_sum(y, out, slots)

@@ -88,6 +88,43 @@ assert torch.equal(widened_pairs, widened), "fp8 with x and act converted once d
 print("ok")
 """
 
+TILED_SCRIPT = r"""
+ids = torch.cat([torch.full((9, 1), 2), torch.randint(3, E, (9, 1), generator=g)], 1)  # chunks 4, 4, 1; shared 4, 4, 1
+ids = torch.cat([ids, torch.full((9, 1), E)], 1).int()
+w = torch.rand(9, K + 1, generator=g) + 0.1
+xb = torch.randn(9, H, generator=g).bfloat16()
+for plan in (half.HalfGroupedPlan(), half.HalfGroupedPlan(fp8=1, pairs=1, gate_up_block_n=16, gate_up_block_b=4, down_block_b=2)):
+    rows = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=plan)
+    tiled = half.tile_experts(experts, shared, plan)
+    assert tiled[0].gate_up_words.numel() == experts.gate_up_packed.numel() // 8 and tiled[1].down_scale.numel() == shared.down_scale.numel()
+    assert torch.equal(run(half.half_grouped_experts_with_shared, xb, ids, w, plan=plan, tiled=tiled), rows), ("tile-major copies give other bits", plan)
+# tile_major against an explicit index: element (e, q, r, k) of a [E, 2R, K] stack lands at its tile-major position.
+blocks = torch.arange(2 * 8 * 6, dtype=torch.int64).reshape(2, 8, 6)
+flat = half.tile_major(blocks, 2, 2, 3)
+for e, row, k in ((0, 0, 0), (1, 5, 4), (0, 7, 5), (1, 2, 3)):
+    q, r = divmod(row, 4)
+    at = ((((e * 2 + r // 2) * 2 + k // 3) * 2 + q) * 2 + r % 2) * 3 + k % 3
+    assert flat[at] == blocks[e, row, k], (e, row, k)
+# Known wrong: row-major words passed as tile-major ones (the right count, the wrong order) must miss by far.
+plan = half.HalfGroupedPlan()
+right = half.tile_experts(experts, shared, plan)
+def flat_rows(t):
+    return t.contiguous().view(torch.int64).reshape(-1) if t.dtype == torch.uint8 else t.contiguous().reshape(-1)
+wrong = tuple(half.TiledWeights(flat_rows(a.gate_up_packed), flat_rows(a.gate_up_scale), flat_rows(a.down_packed), flat_rows(a.down_scale), r.tiles)
+              for a, r in ((experts, right[0]), (shared, right[1])))
+expected = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=plan)
+missed = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=plan, tiled=wrong)
+error = float((torch.nan_to_num(missed.float(), nan=1e3).double() - expected.double()).norm() / expected.double().norm())
+print(f"row-major words read as tile-major: {error:.2e}")
+assert error > 5e-2, error
+try:
+    run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(gate_up_block_n=16), tiled=right)
+    raise AssertionError("copies ordered for other tiles accepted")
+except ValueError as refused:
+    print(f"other tiles refused: {refused}")
+print("ok")
+"""
+
 BLOCK_SCRIPT = r"""
 xb = torch.randn(2, H, generator=g).bfloat16()
 ids = torch.tensor([[0, 1, E], [0, 2, E]]).int()
@@ -143,6 +180,12 @@ def test_contract_catches_known_wrong_half_grouped_variant(wrong):
 def test_half_grouped_matches_per_pair_and_torch_under_every_plan(case):
     """Against the torch op (float32 x) and the per-pair Triton kernels (the same bfloat16 x), then three other plans."""
     assert_script_ok(interpreter_run({}, PREAMBLE + CASE_SCRIPT.replace("__IDS__", CASES[case]), timeout=900))
+
+
+def test_half_grouped_tile_major_copies_give_the_same_bits():
+    """The tile-major copies (`tile_experts`) under two plans give the row-major reads' bits; row-major words passed
+    as tile-major ones miss by far; copies ordered for other tiles are refused."""
+    assert_script_ok(interpreter_run({}, PREAMBLE + TILED_SCRIPT, timeout=900))
 
 
 def test_half_grouped_block_rejects_wrong_variants_and_float32_x():
