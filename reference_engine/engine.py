@@ -47,6 +47,26 @@ def default_num_blocks(model, config: EngineConfig) -> int:
     return int(min(wanted, affordable))
 
 
+def attach_tiled_experts(model, max_batch: int, decode_mode: str = "auto", use_triton: bool = True) -> int:
+    """On CUDA with the Triton kernels, when the card's tuning asks for them (`moe_grouped_half.wants_tiled`), give every
+    MoE block tile-major copies of its experts for the grouped decode kernels. Returns the bytes added (0: none)."""
+    device = torch.device(model.device)
+    if decode_mode == "eager" or not use_triton or device.type != "cuda":
+        return 0
+    from reference_engine.ops.backend import select_ops
+
+    if select_ops(str(device), use_triton=True).backends.get("moe_block_decode") != "triton":  # also applies the card's tuning
+        return 0
+    from reference_engine.kernels import moe_grouped_half
+
+    if not moe_grouped_half.wants_tiled(max_batch):
+        return 0
+    before = model.nbytes()
+    for layer in model.layers:
+        layer.mlp.attach_tiled(moe_grouped_half.tile_experts)
+    return model.nbytes() - before
+
+
 class LLMEngine:
     def __init__(self, model, tokenizer, config: EngineConfig, decode_mode: str = "auto", use_triton: bool = True,
                  prefill_graphs: bool | None = None) -> None:  # fmt: skip
@@ -54,6 +74,7 @@ class LLMEngine:
         use_triton: the static decode path calls Triton kernels on CUDA where they exist (ops/backend.py);
         prefill_graphs: a fresh prompt's prefill padded to a bucket and replayed from a graph (None: with "graphs")."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
+        attach_tiled_experts(model, config.max_num_seqs, decode_mode, use_triton)  # before the cache takes the memory left
         num_blocks = config.num_blocks if config.num_blocks is not None else default_num_blocks(model, config)
         self.runner = ModelRunner(model, config, num_blocks, decode_mode=decode_mode, use_triton=use_triton, prefill_graphs=prefill_graphs)
         self.scheduler = Scheduler(

@@ -104,11 +104,13 @@ def _extent(tensor: torch.Tensor) -> int:
 
 
 def layer_spans(layer) -> list[tuple[int, int]]:
-    """Disjoint (address, bytes) spans of one decoder layer's weights, the routed experts left out."""
+    """Disjoint (address, bytes) spans of one decoder layer's weights, the routed experts and tile-major copies (read
+    only by batches of many tokens, `ops.tiled_experts`) left out."""
     from reference_engine.model.experts import RoutedExperts
+    from reference_engine.ops.tiled_experts import TiledWeights
 
     spans = []
-    for tensor in _tensors(layer, skip=(RoutedExperts,)):
+    for tensor in _tensors(layer, skip=(RoutedExperts, TiledWeights)):
         if tensor.numel():
             spans.append((tensor.data_ptr(), _extent(tensor)))
     return merge_spans(spans)

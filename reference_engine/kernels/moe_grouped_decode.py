@@ -94,8 +94,8 @@ def grouped_inputs(
     """The checks every grouped path makes: shapes, one launchable device, expert ids in range (unless `check_ids` is
     False or a graph is being captured). Returns (T, H, top_k, I, routed tensors, shared tensors), contiguous."""
     tokens, hidden, top_k, inter = check_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out)
-    routed = [t.contiguous() for t in vars(experts).values()]
-    shared_tensors = [t.contiguous() for t in vars(shared).values()]
+    routed = [t.contiguous() for t in experts.tensors()]
+    shared_tensors = [t.contiguous() for t in shared.tensors()]
     require_launchable(x, topk_weights, topk_ids, out, *routed, *shared_tensors)
     if check_ids and not capturing(x):
         _check_expert_range(topk_ids[:, :top_k], experts.num_experts)

@@ -63,6 +63,7 @@ from reference_engine.ops.static_moe import (
     SharedNvfp4Expert,
     StackedNvfp4Experts,
 )
+from reference_engine.ops.tiled_experts import TiledWeights, tiled_weights
 
 CHUNK = 4  # the most tokens one program applies a decoded tile to
 PAIRS_BLOCK_B = 32  # scale blocks per program of the x conversion (`_pairs_kernel`)
@@ -80,30 +81,7 @@ class HalfGroupedPlan:
     pairs: int = 0  # 1: x and the activation are converted once into float16 pairs in the block dot's order (one launch for x;
     # the gate/up kernel writes the activation so), 0: each program converts the bfloat16 words it reads
     fp8: int = 0  # 1: codes widened through E4M3 (`nvfp4_half_dot`'s FP8 decode; x pairs in its order, times 4)
-
-
-@dataclass(frozen=True)
-class TiledWeights:
-    """One expert stack's codes (int64 scale blocks) and E4M3 scales in tile-major order for the kernels' tiles: each row
-    tile's words stored in the order its K loop reads them, [expert, row tile, K step, (gate, up), row, block] for
-    gate/up and [expert, row tile, K step, row, block] for down, so a K step reads one contiguous run (`tile_major`).
-    The row-major stack stays where it is (the other kernels read it); this is a second copy."""
-
-    gate_up_words: torch.Tensor  # int64, E * 2I * H/16 words
-    gate_up_scale: torch.Tensor  # float8_e4m3fn, the same count
-    down_words: torch.Tensor  # int64, E * H * I/16
-    down_scale: torch.Tensor
-    tiles: tuple[int, int, int, int]  # (gate/up rows, gate/up blocks per step, down rows, down blocks per step) it was ordered for
-
-
-def tile_major(blocks: torch.Tensor, parts: int, block_n: int, block_b: int) -> torch.Tensor:
-    """[E, rows, K] (rows = parts x R; one element per scale block) -> the same elements, flat, in the order
-    [E, R / block_n, K / block_b, parts, block_n, block_b]: row r of part q is row q * R + r of the input."""
-    experts, rows, k = blocks.shape
-    _require(rows % (parts * block_n) == 0 and k % block_b == 0, f"[{experts}, {rows}, {k}] does not tile into {parts} x {block_n} rows by {block_b} blocks")
-    raw = blocks.view(torch.uint8) if blocks.dtype == torch.float8_e4m3fn else blocks  # float8 permutes as bytes
-    view = raw.reshape(experts, parts, rows // (parts * block_n), block_n, k // block_b, block_b)
-    return view.permute(0, 2, 4, 1, 3, 5).contiguous().reshape(-1).view(blocks.dtype)
+    tiled: int = 0  # 1: the engine gives the stacks tile-major copies (`wants_tiled`, `tile_experts`) that the kernels read
 
 
 def _tiles(plan: HalfGroupedPlan, hidden: int, inter: int) -> tuple[int, int, int, int]:
@@ -112,28 +90,25 @@ def _tiles(plan: HalfGroupedPlan, hidden: int, inter: int) -> tuple[int, int, in
             min(plan.down_block_n, next_power_of_2(hidden)), _steps(plan.down_block_b, inter // 16))  # fmt: skip
 
 
-def tiled_weights(gate_up_packed: torch.Tensor, gate_up_scale: torch.Tensor, down_packed: torch.Tensor, down_scale: torch.Tensor,
-                  plan: HalfGroupedPlan | None = None) -> TiledWeights:  # fmt: skip
-    """Row-major stacks ([E, 2I, H/2] codes, [E, 2I, H/16] scales, [E, H, I/2], [E, H, I/16]; E may be absent for the
-    shared expert) -> their tile-major copy for `plan`'s tiles (default `PLAN`)."""
-    p = plan if plan is not None else PLAN
-    if gate_up_packed.dim() == 2:  # the shared expert: one expert
-        gate_up_packed, gate_up_scale, down_packed, down_scale = (t.unsqueeze(0) for t in (gate_up_packed, gate_up_scale, down_packed, down_scale))
-    hidden, inter = gate_up_packed.shape[2] * 2, gate_up_packed.shape[1] // 2
-    gu_n, gu_b, d_n, d_b = tiles = _tiles(p, hidden, inter)
-    return TiledWeights(
-        gate_up_words=tile_major(gate_up_packed.contiguous().view(torch.int64), 2, gu_n, gu_b),
-        gate_up_scale=tile_major(gate_up_scale.contiguous(), 2, gu_n, gu_b),
-        down_words=tile_major(down_packed.contiguous().view(torch.int64), 1, d_n, d_b),
-        down_scale=tile_major(down_scale.contiguous(), 1, d_n, d_b),
-        tiles=tiles,
-    )
+def wants_tiled(max_batch: int) -> bool:
+    """Whether an engine decoding up to `max_batch` rows on CUDA should attach tile-major copies (`tile_experts`): the
+    plan asks for them and some batch runs these kernels."""
+    return bool(PLAN.tiled) and MIN_TOKENS is not None and max_batch >= MIN_TOKENS
+
+
+def tiles_for(plan: HalfGroupedPlan | None, hidden: int, inter: int) -> tuple[int, int, int, int]:
+    """The tiles tile-major copies must be ordered for to serve `plan` (default `PLAN`) at this shape."""
+    return _tiles(plan if plan is not None else PLAN, hidden, inter)
 
 
 def tile_experts(experts: StackedNvfp4Experts, shared: SharedNvfp4Expert, plan: HalfGroupedPlan | None = None) -> tuple[TiledWeights, TiledWeights]:
-    """The routed stack's and the shared expert's tile-major copies, for `half_grouped_experts_with_shared(tiled=...)`."""
-    return (tiled_weights(experts.gate_up_packed, experts.gate_up_scale, experts.down_packed, experts.down_scale, plan),
-            tiled_weights(shared.gate_up_packed, shared.gate_up_scale, shared.down_packed, shared.down_scale, plan))  # fmt: skip
+    """The routed stack's and the shared expert's tile-major copies for `plan`'s tiles (default `PLAN`); the copies they
+    already carry when those were ordered for the same tiles."""
+    tiles = tiles_for(plan, experts.gate_up_packed.shape[2] * 2, experts.gate_up_packed.shape[1] // 2)
+    if experts.tiled is not None and shared.tiled is not None and experts.tiled.tiles == tiles == shared.tiled.tiles:
+        return experts.tiled, shared.tiled
+    return (tiled_weights(experts.gate_up_packed, experts.gate_up_scale, experts.down_packed, experts.down_scale, tiles),
+            tiled_weights(shared.gate_up_packed, shared.gate_up_scale, shared.down_packed, shared.down_scale, tiles))  # fmt: skip
 
 
 PLAN = HalfGroupedPlan()
@@ -289,7 +264,7 @@ def _gate_up_chunk(
     PAIRS: tl.constexpr, FP8: tl.constexpr, tile_base=0, TILED: tl.constexpr = False,
 ):
     """Gate and up rows `gate_rows` [BN] (int64, up rows I further) against TC tokens t0.. (pairs p0.., the first n real):
-    act[p_i, rows] = silu(gate) * up. TILED: the codes and scales are in tile-major order (`tile_major`) and this
+    act[p_i, rows] = silu(gate) * up. TILED: the codes and scales are in tile-major order (`ops.tiled_experts.tile_major`) and this
     program's tile starts at word `tile_base`; each K step reads one contiguous run, gate then up."""
     g0 = tl.zeros((BN, BB), dtype=tl.float32)
     u0 = tl.zeros((BN, BB), dtype=tl.float32)
@@ -547,7 +522,9 @@ def half_grouped_experts_with_shared(
     `ops.static_moe.nvfp4_experts_with_shared`, bfloat16 x only. `plan`: tiles other than `PLAN`.
     `check_ids=False` skips the expert-id range check (a host sync; the router's ids are in range).
     `tiled`: the routed and shared experts' tile-major copies (`tile_experts`, for this plan's tiles); the kernels then
-    read those instead of the row-major codes and scales (the same values, so the same bits out)."""
+    read those instead of the row-major codes and scales (the same values, so the same bits out). Without it, the copies
+    the stacks carry (`experts.tiled`, `shared.tiled`, attached by `attach_tiles`) are read when they were ordered for
+    this plan's tiles."""
     _require(x.dtype == torch.bfloat16, f"the packed float16 grouped experts take bfloat16 x, got {x.dtype}")
     tokens, hidden, top_k, inter, routed, shared_tensors = grouped_inputs(x, topk_weights, topk_ids, experts, shared, out, check_ids)
     if tokens == 0:
@@ -559,8 +536,10 @@ def half_grouped_experts_with_shared(
     gu_packed, gu_scale, gu_scale_2, down_packed, down_scale, down_scale_2 = routed
     s_gu_packed, s_gu_scale, s_gu_scale_2, s_down_packed, s_down_scale, s_down_scale_2 = shared_tensors
     asm = not interpreting()
+    want = _tiles(p, hidden, inter)
+    if tiled is None and experts.tiled is not None and shared.tiled is not None and experts.tiled.tiles == want == shared.tiled.tiles:
+        tiled = experts.tiled, shared.tiled
     if tiled is not None:
-        want = _tiles(p, hidden, inter)
         _require(tiled[0].tiles == want and tiled[1].tiles == want, f"tiled copies ordered for tiles {tiled[0].tiles} / {tiled[1].tiles}, the plan runs {want}")
         _require(inter % want[0] == 0 and hidden % want[2] == 0, f"tile-major reads need whole row tiles: I={inter}, H={hidden}, tiles {want}")
         gu_packed, gu_scale, down_packed, down_scale = tiled[0].gate_up_words, tiled[0].gate_up_scale, tiled[0].down_words, tiled[0].down_scale

@@ -971,7 +971,7 @@ def nvfp4_moe_prefill(
     if x_steps is not None and (x_steps.shape != x.shape or x_steps.dtype != x.dtype or x_steps.device != x.device or not x_steps.is_contiguous()):
         raise ValueError(f"x_steps must be a contiguous tensor of x's shape {list(x.shape)}, dtype {x.dtype} and device {x.device}; "
                          f"got {list(x_steps.shape)} {x_steps.dtype} on {x_steps.device} (contiguous: {x_steps.is_contiguous()})")  # fmt: skip
-    tensors = (x, topk_weights, topk_ids, out, *vars(experts).values(), *(shared or ()), *(() if x_steps is None else (x_steps,)))
+    tensors = (x, topk_weights, topk_ids, out, *experts.tensors(), *(shared or ()), *(() if x_steps is None else (x_steps,)))
     require_launchable(*tensors)
     hidden = x.shape[1]
     if tokens == 0:

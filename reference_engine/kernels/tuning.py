@@ -51,7 +51,8 @@ whether those copies are kept between prefills;
 (`benchmarks/kernels/time_paged_decode.py`); `l2_prefetch` ("off", "mixer", "moe") whether and where each decode
 layer warms the next layer's weights in L2 (`kernels/l2_prefetch.py`, `benchmarks/kernels/time_l2_prefetch.py`);
 `norm_row_elements` the elements one RMSNorm program covers, so that short rows (the Gated DeltaNet output norm's 128)
-share a program (`benchmarks/kernels/time_norm_rows.py`); `moe_block_persistent` the batch-1 MoE block in one persistent
+share a program (`benchmarks/kernels/time_norm_rows.py`); `moe_grouped_half.tiled` 1 keeps tile-major copies of the experts
+for those kernels (`benchmarks/kernels/time_moe_tiled.py`); `moe_block_persistent` the batch-1 MoE block in one persistent
 launch (`on` 1) and its plan (`kernels/moe_block_persistent.py`, `benchmarks/kernels/time_moe_persistent.py`).
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
@@ -133,6 +134,7 @@ class MoeGroupedHalfSettings(BaseModel):
     num_warps: int = Field(default=4, ge=1, le=16)
     pairs: int = Field(default=0, ge=0, le=1)  # x and the activation converted once into float16 pairs
     fp8: int = Field(default=0, ge=0, le=1)  # codes widened through E4M3 (`nvfp4_half_dot`'s FP8 decode)
+    tiled: int = Field(default=0, ge=0, le=1)  # 1: the engine keeps tile-major copies of the experts for these kernels (`ops.tiled_experts`)
 
 
 class MoePersistentSettings(BaseModel):

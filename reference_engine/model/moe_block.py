@@ -21,7 +21,7 @@ combination keeps the composed path below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -101,6 +101,17 @@ class SparseMoeBlock:
         }
         for name, value in rebound.items():
             object.__setattr__(self, name, value)
+
+    def attach_tiled(self, tile) -> bool:
+        """Give the routed stack and the shared expert tile-major copies, `tile(stacked, shared)` -> (routed copy,
+        shared copy) (`kernels.moe_grouped_half.tile_experts`); the grouped decode kernels then read those. False
+        (nothing done) where this block has no fused NVFP4 form."""
+        if self.shared_nvfp4 is None or self.experts.stacked is None:
+            return False
+        routed, shared = tile(self.experts.stacked, self.shared_nvfp4)
+        object.__setattr__(self.experts, "stacked", replace(self.experts.stacked, tiled=routed))
+        object.__setattr__(self, "shared_nvfp4", replace(self.shared_nvfp4, tiled=shared))
+        return True
 
     def steps_buffer(self, x: torch.Tensor) -> torch.Tensor | None:
         """An empty buffer like x for x in `permute_steps` order when this block's eager prefill of x would read x so

@@ -70,6 +70,8 @@ class Qwen35MoeModel:
                     total += value.numel() * value.element_size()
             mlp = layer.mlp
             total += mlp.experts.nbytes()
+            if mlp.shared_nvfp4 is not None and mlp.shared_nvfp4.tiled is not None:
+                total += mlp.shared_nvfp4.tiled.nbytes()
             total += sum(linear.nbytes() for linear in (mlp.gate, mlp.shared_gate_proj, mlp.shared_up_proj, mlp.shared_down_proj, mlp.shared_expert_gate))
             total += 2 * layer.input_layernorm.numel() * layer.input_layernorm.element_size()
         return total

@@ -19,7 +19,7 @@ all slots summed in float32 and rounded once into the output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,7 @@ from reference_engine.ops.moe import (
 )
 from reference_engine.ops.norms import AddNorm, fused_add_rms_norm
 from reference_engine.ops.registry import satisfies
+from reference_engine.ops.tiled_experts import TiledWeights
 from reference_engine.quant.e2m1 import decode_e2m1, unpack_e2m1
 
 
@@ -52,6 +53,11 @@ class StackedNvfp4Experts:
     down_packed: torch.Tensor  # [E, H, I/2] uint8
     down_scale: torch.Tensor  # [E, H, I/16] float8_e4m3fn
     down_scale_2: torch.Tensor  # [E] float32
+    tiled: TiledWeights | None = field(default=None, compare=False)  # a tile-major copy for the grouped decode kernels
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The six weight tensors in field order (not the tile-major copy)."""
+        return (self.gate_up_packed, self.gate_up_scale, self.gate_up_scale_2, self.down_packed, self.down_scale, self.down_scale_2)
 
     @property
     def num_experts(self) -> int:
@@ -86,6 +92,11 @@ class SharedNvfp4Expert:
     down_packed: torch.Tensor  # [H, I/2] uint8
     down_scale: torch.Tensor  # [H, I/16] float8_e4m3fn
     down_scale_2: torch.Tensor  # [] float32
+    tiled: TiledWeights | None = field(default=None, compare=False)  # a tile-major copy for the grouped decode kernels
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The six weight tensors in field order (not the tile-major copy)."""
+        return (self.gate_up_packed, self.gate_up_scale, self.gate_up_scale_2, self.down_packed, self.down_scale, self.down_scale_2)
 
     @classmethod
     def concatenate(

@@ -89,6 +89,8 @@ print("ok")
 """
 
 TILED_SCRIPT = r"""
+from dataclasses import replace
+from reference_engine.ops.tiled_experts import TiledWeights, tile_major
 ids = torch.cat([torch.full((9, 1), 2), torch.randint(3, E, (9, 1), generator=g)], 1)  # chunks 4, 4, 1; shared 4, 4, 1
 ids = torch.cat([ids, torch.full((9, 1), E)], 1).int()
 w = torch.rand(9, K + 1, generator=g) + 0.1
@@ -100,7 +102,7 @@ for plan in (half.HalfGroupedPlan(), half.HalfGroupedPlan(fp8=1, pairs=1, gate_u
     assert torch.equal(run(half.half_grouped_experts_with_shared, xb, ids, w, plan=plan, tiled=tiled), rows), ("tile-major copies give other bits", plan)
 # tile_major against an explicit index: element (e, q, r, k) of a [E, 2R, K] stack lands at its tile-major position.
 blocks = torch.arange(2 * 8 * 6, dtype=torch.int64).reshape(2, 8, 6)
-flat = half.tile_major(blocks, 2, 2, 3)
+flat = tile_major(blocks, 2, 2, 3)
 for e, row, k in ((0, 0, 0), (1, 5, 4), (0, 7, 5), (1, 2, 3)):
     q, r = divmod(row, 4)
     at = ((((e * 2 + r // 2) * 2 + k // 3) * 2 + q) * 2 + r % 2) * 3 + k % 3
@@ -110,13 +112,24 @@ plan = half.HalfGroupedPlan()
 right = half.tile_experts(experts, shared, plan)
 def flat_rows(t):
     return t.contiguous().view(torch.int64).reshape(-1) if t.dtype == torch.uint8 else t.contiguous().reshape(-1)
-wrong = tuple(half.TiledWeights(flat_rows(a.gate_up_packed), flat_rows(a.gate_up_scale), flat_rows(a.down_packed), flat_rows(a.down_scale), r.tiles)
+wrong = tuple(TiledWeights(flat_rows(a.gate_up_packed), flat_rows(a.gate_up_scale), flat_rows(a.down_packed), flat_rows(a.down_scale), r.tiles)
               for a, r in ((experts, right[0]), (shared, right[1])))
 expected = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=plan)
 missed = run(half.half_grouped_experts_with_shared, xb, ids, w, plan=plan, tiled=wrong)
 error = float((torch.nan_to_num(missed.float(), nan=1e3).double() - expected.double()).norm() / expected.double().norm())
 print(f"row-major words read as tile-major: {error:.2e}")
 assert error > 5e-2, error
+# Copies the stacks carry (`attach_tiled`) are read when ordered for the plan's tiles: the right ones give the same
+# bits, the wrong ones miss (so they are read), and under a plan of other tiles the row-major stacks are read.
+def carried(copies, plan):
+    out = torch.full(xb.shape, float("nan"), dtype=xb.dtype)
+    half.half_grouped_experts_with_shared(xb, w, ids, replace(experts, tiled=copies[0]), replace(shared, tiled=copies[1]), out, plan=plan)
+    return out
+assert torch.equal(carried(right, plan), expected), "carried tile-major copies give other bits"
+assert float((torch.nan_to_num(carried(wrong, plan).float(), nan=1e3).double() - expected.double()).norm() / expected.double().norm()) > 5e-2
+other = half.HalfGroupedPlan(gate_up_block_n=16)
+assert torch.equal(carried(right, other), run(half.half_grouped_experts_with_shared, xb, ids, w, plan=other)), "copies of other tiles were read"
+assert half.tile_experts(replace(experts, tiled=right[0]), replace(shared, tiled=right[1]), plan) == right  # kept, not redone
 try:
     run(half.half_grouped_experts_with_shared, xb, ids, w, plan=half.HalfGroupedPlan(gate_up_block_n=16), tiled=right)
     raise AssertionError("copies ordered for other tiles accepted")
@@ -184,7 +197,8 @@ def test_half_grouped_matches_per_pair_and_torch_under_every_plan(case):
 
 def test_half_grouped_tile_major_copies_give_the_same_bits():
     """The tile-major copies (`tile_experts`) under two plans give the row-major reads' bits; row-major words passed
-    as tile-major ones miss by far; copies ordered for other tiles are refused."""
+    as tile-major ones miss by far; copies carried by the stacks are read only under a plan of their tiles; copies
+    ordered for other tiles are refused when passed explicitly."""
     assert_script_ok(interpreter_run({}, PREAMBLE + TILED_SCRIPT, timeout=900))
 
 
