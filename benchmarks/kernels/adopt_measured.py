@@ -1,0 +1,55 @@
+"""Turn on, in a tuning file, the settings whose timing files (written earlier in the same GPU call) show them faster.
+
+    PYTHONPATH=. python3 benchmarks/kernels/adopt_measured.py TUNING.json [--tiled TILED.json] [--sampling SAMPLING.json]
+
+- `--tiled` (`time_moe_tiled.py`): `moe_grouped_half.tiled` = 1 when the tile-major reads were bit-equal (the script
+  exits before writing otherwise) and at least 3% faster at every batch timed;
+- `--sampling` (`benchmarks/time_sampling.py`): `sampling_fused_select` = 1 when the fused selection drew the same
+  tokens as the torch selection path at every batch and took less device time in graphs at every batch.
+
+Prints each decision with its ratios. A setting not shown faster is left as the file has it. Nothing is asserted about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from reference_engine.kernels.tuning import write_setting
+
+MARGIN = 0.97
+
+
+def tiled_wins(path: Path) -> bool:
+    records = json.loads(path.read_text())["records"]
+    ratios = {r["tokens"]: round(r["ratio"], 3) for r in records}
+    wins = bool(records) and all(r["ratio"] <= MARGIN for r in records)
+    print(f"tile-major / row-major by batch {ratios}: {'adopted' if wins else 'not adopted'}")
+    return wins
+
+
+def fused_wins(path: Path) -> bool:
+    rows = json.loads(path.read_text())["rows"]
+    ratios = {r["batch"]: round(r["fused_graph_seconds"] / r["selection_graph_seconds"], 3) for r in rows if "fused_graph_seconds" in r}
+    same = all(r.get("fused_same_tokens", False) for r in rows)
+    wins = bool(ratios) and same and all(ratio < 1.0 for ratio in ratios.values())
+    print(f"fused / torch selection by batch {ratios}, same tokens {same}: {'adopted' if wins else 'not adopted'}")
+    return wins
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("tuning", type=Path)
+    parser.add_argument("--tiled", type=Path)
+    parser.add_argument("--sampling", type=Path)
+    args = parser.parse_args()
+    if args.tiled is not None and args.tiled.exists() and tiled_wins(args.tiled):
+        settings = json.loads(args.tuning.read_text())["moe_grouped_half"]
+        write_setting(args.tuning, "moe_grouped_half", settings | {"tiled": 1})
+    if args.sampling is not None and args.sampling.exists() and fused_wins(args.sampling):
+        write_setting(args.tuning, "sampling_fused_select", 1)
+
+
+if __name__ == "__main__":
+    main()
