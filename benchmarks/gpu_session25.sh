@@ -24,8 +24,9 @@ timeout 90 python3 benchmarks/time_sampling.py "$AUX/$NAME-sampling.json" > "$AU
 timeout 40 python3 benchmarks/time_topk.py "$AUX/$NAME-topk.json" > "$AUX/$NAME-topk.log" 2>&1; echo "topk rc=$?"; tail -n 2 "$AUX/$NAME-topk.log" | cut -c1-300
 python3 benchmarks/kernels/adopt_measured.py "$TUNING" --tiled "$AUX/$NAME-tiled.json" --sampling "$AUX/$NAME-sampling.json"
 cp "$TUNING" "$AUX/$NAME-tuning.json"
-timeout "${BENCH_S:-420}" python3 -m toolbox.cli engine bench ${BENCH_ARGS:-} --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" > "$OUT/$NAME-bench.log" 2>&1
+tar -czf "$OUT/$NAME-aux.tgz" -C "$AUX" .  # before the bench: a call cut at its limit keeps these
+LEFT=$(( ${CALL_S:-590} - SECONDS )); BENCH_T=$(( ${BENCH_S:-420} < LEFT ? ${BENCH_S:-420} : LEFT )); echo "bench gets ${BENCH_T} s"
+timeout "$BENCH_T" python3 -m toolbox.cli engine bench ${BENCH_ARGS:-} --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" > "$OUT/$NAME-bench.log" 2>&1
 echo "bench rc=$? (1: gate failed, 124: out of time)"; grep -E "^\| (TTFT|TPOT|output)|^WARNING" "$OUT/$NAME.md" 2>/dev/null | cut -c1-250
 grep -E "^Batch-1 decode step" "$OUT/$NAME.md" 2>/dev/null | cut -c1-200
-tar -czf "$OUT/$NAME-aux.tgz" -C "$AUX" . && rm -rf "$AUX"
-ls "$OUT"
+rm -rf "$AUX"; ls "$OUT"
