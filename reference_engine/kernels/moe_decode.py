@@ -68,6 +68,7 @@ from reference_engine.ops.static_moe import (
     capturing,
     check_experts_with_shared,
     check_moe_block_decode,
+    expert_tensors,
 )
 
 
@@ -321,12 +322,12 @@ def _launch(
         decode = (4 if interpreting() else 3) + (2 if words == 3 else 0)
         gate_up, down = gate_up.view(torch.int64), down.view(torch.int64)
         if shared is not None:
-            shared = SharedNvfp4Expert(*(t.view(torch.int64) if t.dtype == torch.uint8 else t for t in shared.tensors()))
+            shared = SharedNvfp4Expert(*(t.view(torch.int64) if t.dtype == torch.uint8 else t for t in expert_tensors(shared)))
     elif nvfp4 and words:  # int32 views of the codes (rows of H/2 and I/2 bytes, multiples of 8)
         decode = 1 if interpreting() else 2
         gate_up, down = gate_up.view(torch.int32), down.view(torch.int32)
         if shared is not None:
-            shared = SharedNvfp4Expert(*(t.view(torch.int32) if t.dtype == torch.uint8 else t for t in shared.tensors()))
+            shared = SharedNvfp4Expert(*(t.view(torch.int32) if t.dtype == torch.uint8 else t for t in expert_tensors(shared)))
     gate_up_shared, down_shared = {}, {}  # extra kernel arguments for the fused shared expert
     if shared is not None:
         names = ("shared_w_ptr", "shared_scale_ptr", "shared_scale_2_ptr")
@@ -437,7 +438,7 @@ def nvfp4_experts_with_shared(
     _, _, top_k, intermediate = check_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out)
     routed = [getattr(experts, name).contiguous() for name in _STACKED]
     shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
-    require_launchable(x, topk_weights, topk_ids, out, *routed, *shared_tensors.tensors())
+    require_launchable(x, topk_weights, topk_ids, out, *routed, *expert_tensors(shared_tensors))
     if not capturing(x):
         _check_expert_range(topk_ids[:, :top_k], experts.num_experts)
     _launch(x, topk_weights, topk_ids, *routed, intermediate, out, nvfp4=True, shared=shared_tensors)
@@ -518,7 +519,7 @@ def _block(x, router_weight, experts, shared, top_k, out, router_x=None, add_nor
         return
     routed = [getattr(experts, name).contiguous() for name in _STACKED]
     shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
-    require_launchable(x, *routed, *shared_tensors.tensors())
+    require_launchable(x, *routed, *expert_tensors(shared_tensors))
     _launch(x, topk_weights, topk_ids, *routed, int(experts.gate_up_packed.shape[1]) // 2, out, nvfp4=True, shared=shared_tensors)
 
 

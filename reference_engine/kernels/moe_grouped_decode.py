@@ -57,6 +57,7 @@ from reference_engine.ops.static_moe import (
     StackedNvfp4Experts,
     capturing,
     check_experts_with_shared,
+    expert_tensors,
 )
 
 
@@ -94,8 +95,8 @@ def grouped_inputs(
     """The checks every grouped path makes: shapes, one launchable device, expert ids in range (unless `check_ids` is
     False or a graph is being captured). Returns (T, H, top_k, I, routed tensors, shared tensors), contiguous."""
     tokens, hidden, top_k, inter = check_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out)
-    routed = [t.contiguous() for t in experts.tensors()]
-    shared_tensors = [t.contiguous() for t in shared.tensors()]
+    routed = [t.contiguous() for t in expert_tensors(experts)]
+    shared_tensors = [t.contiguous() for t in expert_tensors(shared)]
     require_launchable(x, topk_weights, topk_ids, out, *routed, *shared_tensors)
     if check_ids and not capturing(x):
         _check_expert_range(topk_ids[:, :top_k], experts.num_experts)

@@ -537,8 +537,9 @@ def half_grouped_experts_with_shared(
     s_gu_packed, s_gu_scale, s_gu_scale_2, s_down_packed, s_down_scale, s_down_scale_2 = shared_tensors
     asm = not interpreting()
     want = _tiles(p, hidden, inter)
-    if tiled is None and experts.tiled is not None and shared.tiled is not None and experts.tiled.tiles == want == shared.tiled.tiles:
-        tiled = experts.tiled, shared.tiled
+    carried = getattr(experts, "tiled", None), getattr(shared, "tiled", None)  # the contracts' own stacks carry none
+    if tiled is None and None not in carried and carried[0].tiles == want == carried[1].tiles:
+        tiled = carried
     if tiled is not None:
         _require(tiled[0].tiles == want and tiled[1].tiles == want, f"tiled copies ordered for tiles {tiled[0].tiles} / {tiled[1].tiles}, the plan runs {want}")
         _require(inter % want[0] == 0 and hidden % want[2] == 0, f"tile-major reads need whole row tiles: I={inter}, H={hidden}, tiles {want}")

@@ -964,14 +964,14 @@ def nvfp4_moe_prefill(
     `x_steps`: x already in `moe_prefill_gluon.permute_steps` order (contiguous [T, H], x's dtype; the RMSNorm
     before the block writes it, `kernels.norms.fused_add_rms_norm(steps_out=)`), used by the Gluon gate/up launch
     instead of its own copy of x; ignored when that launch does not run (`moe_prefill_takes_steps`)."""
-    from reference_engine.ops.static_moe import capturing
+    from reference_engine.ops.static_moe import capturing, expert_tensors
 
     tokens, top_k, num_experts, inter = _check_moe(x, topk_weights, topk_ids, experts, out)
     _check_shared(shared, out)
     if x_steps is not None and (x_steps.shape != x.shape or x_steps.dtype != x.dtype or x_steps.device != x.device or not x_steps.is_contiguous()):
         raise ValueError(f"x_steps must be a contiguous tensor of x's shape {list(x.shape)}, dtype {x.dtype} and device {x.device}; "
                          f"got {list(x_steps.shape)} {x_steps.dtype} on {x_steps.device} (contiguous: {x_steps.is_contiguous()})")  # fmt: skip
-    tensors = (x, topk_weights, topk_ids, out, *experts.tensors(), *(shared or ()), *(() if x_steps is None else (x_steps,)))
+    tensors = (x, topk_weights, topk_ids, out, *expert_tensors(experts), *(shared or ()), *(() if x_steps is None else (x_steps,)))
     require_launchable(*tensors)
     hidden = x.shape[1]
     if tokens == 0:

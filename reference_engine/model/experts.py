@@ -132,7 +132,7 @@ class RoutedExperts:
         if self.is_fused_dense:
             return sum(t.numel() * t.element_size() for t in (self.gate_up_proj, self.down_proj))
         if self.stacked is not None:
-            held = sum(t.numel() * t.element_size() for t in self.stacked.tensors())
+            held = sum(t.numel() * t.element_size() for t in static_moe.expert_tensors(self.stacked))
             return held + (self.stacked.tiled.nbytes() if self.stacked.tiled is not None else 0)
         return sum(linear.nbytes() for linear in (*self.gate, *self.up, *self.down))
 

@@ -43,6 +43,15 @@ def capturing(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
+WEIGHT_FIELDS = ("gate_up_packed", "gate_up_scale", "gate_up_scale_2", "down_packed", "down_scale", "down_scale_2")
+
+
+def expert_tensors(weights) -> tuple[torch.Tensor, ...]:
+    """The six weight tensors of a stack or a shared expert (any object with `WEIGHT_FIELDS`, as the contracts'
+    own classes), in that order; never a tile-major copy it may carry."""
+    return tuple(getattr(weights, name) for name in WEIGHT_FIELDS)
+
+
 @dataclass(frozen=True)
 class StackedNvfp4Experts:
     """Per-expert NVFP4 weights stacked on a leading expert dimension (the per-expert Linears are views of these)."""
@@ -54,10 +63,6 @@ class StackedNvfp4Experts:
     down_scale: torch.Tensor  # [E, H, I/16] float8_e4m3fn
     down_scale_2: torch.Tensor  # [E] float32
     tiled: TiledWeights | None = field(default=None, compare=False)  # a tile-major copy for the grouped decode kernels
-
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """The six weight tensors in field order (not the tile-major copy)."""
-        return (self.gate_up_packed, self.gate_up_scale, self.gate_up_scale_2, self.down_packed, self.down_scale, self.down_scale_2)
 
     @property
     def num_experts(self) -> int:
@@ -93,10 +98,6 @@ class SharedNvfp4Expert:
     down_scale: torch.Tensor  # [H, I/16] float8_e4m3fn
     down_scale_2: torch.Tensor  # [] float32
     tiled: TiledWeights | None = field(default=None, compare=False)  # a tile-major copy for the grouped decode kernels
-
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """The six weight tensors in field order (not the tile-major copy)."""
-        return (self.gate_up_packed, self.gate_up_scale, self.gate_up_scale_2, self.down_packed, self.down_scale, self.down_scale_2)
 
     @classmethod
     def concatenate(
