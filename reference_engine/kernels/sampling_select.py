@@ -35,7 +35,7 @@ from reference_engine.kernels.launch import cdiv, next_power_of_2, require_launc
 FUSED = False  # `ops.sampling` takes these launches for the selection path on CUDA (tuning key `sampling_fused_select`)
 CHUNK = 4096  # logits per program of launch 1
 MAX_CANDIDATES = 128  # the largest C taken here (launch 2 then holds cdiv(V, CHUNK) * C keys: 7,808 at V = 248,320)
-MIN_KEY = -(2**63)  # below every key of a finite or infinite logit
+MIN_KEY = tl.constexpr(-(2**63))  # below every key of a finite or infinite logit (a constexpr: compiled kernels read no other globals)
 
 
 @triton.jit
