@@ -133,7 +133,7 @@ def sample_tokens_unchecked(
     if select and logits32.is_cuda:
         from reference_engine.kernels import sampling_select
 
-        if sampling_select.FUSED and sampling_select.applies(logits32, candidates):  # two launches (off until timed)
+        if sampling_select.FUSED and sampling_select.applies(logits32, candidates):  # two launches (the tuning file's `sampling_fused_select`)
             return sampling_select.select_and_draw(logits32.contiguous(), temperature, top_k, top_p, uniform, out, candidates)
     greedy = temperature == 0  # [B]
     greedy_tokens = logits32.argmax(dim=-1)  # first maximum: ties go to the lowest id
