@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Prepared in the twenty-fifth session for the next one's first call (about 480 s with the peer). Usage:
+#   OUT=$OUT NAME=runNN COMMIT=<sha> bash benchmarks/gpu_session26.sh
+# 1. `kernels/time_weight_layout.py --shapes gemv_...`: do the batch-1 GEMVs' committed tiles (256 or 64 rows by
+#    64 bytes a step, split-K) lose bandwidth to their row-major access pattern as the grouped MoE tiles did (run74)?
+#    About 30 s. If tile-major streams much faster, a tile-major copy of the dense linears (0.84 GB) is the next lever.
+# 2. `kernels/time_moe_tiled.py`: the tile-major expert copies on this card (run74 measured them on an H100 only).
+# 3. The full bench with the peer on the committed tuning (tile-major copies and the fused sampler on): the first
+#    end-to-end figures of both on this card, sampled TPOT included.
+# Results: $NAME.json / .md, $NAME-bench.log, $NAME-aux.tgz (the other logs and JSON).
+set -u
+OUT="${OUT:-/tmp/session26-out}"; NAME="${NAME:-session26}"; COMMIT="${COMMIT:-unknown}"
+export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
+AUX="$OUT/aux"; mkdir -p "$AUX"
+timeout 90 python3 benchmarks/kernels/time_weight_layout.py "$AUX/$NAME-layout.json" --shapes gemv_12288x2048,gemv_9216x2048,gemv_2048x4096 \
+  > "$AUX/$NAME-layout.log" 2>&1; echo "layout rc=$?"; cut -c1-160 "$AUX/$NAME-layout.log"
+timeout 150 python3 benchmarks/kernels/time_moe_tiled.py "$AUX/$NAME-tiled.json" > "$AUX/$NAME-tiled.log" 2>&1; echo "tiled rc=$?"; tail -n 4 "$AUX/$NAME-tiled.log" | cut -c1-300
+tar -czf "$OUT/$NAME-aux.tgz" -C "$AUX" .  # before the bench: a call cut at its limit keeps these
+LEFT=$(( ${CALL_S:-590} - SECONDS )); BENCH_T=$(( ${BENCH_S:-420} < LEFT ? ${BENCH_S:-420} : LEFT )); echo "bench gets ${BENCH_T} s"
+if [ "$BENCH_T" -ge "${BENCH_MIN_S:-150}" ]; then
+  timeout "$BENCH_T" python3 -m toolbox.cli engine bench ${BENCH_ARGS:-} --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" > "$OUT/$NAME-bench.log" 2>&1
+  echo "bench rc=$? (1: gate failed, 124: out of time)"
+else
+  echo "bench skipped: ${BENCH_T} s left"
+fi
+grep -E "^\| (TTFT|TPOT|output)|^WARNING" "$OUT/$NAME.md" 2>/dev/null | cut -c1-250
+grep -E "^Batch-1 decode step" "$OUT/$NAME.md" 2>/dev/null | cut -c1-200
+rm -rf "$AUX"; ls "$OUT"
