@@ -281,11 +281,25 @@ def _half_path_ok(x2d: torch.Tensor, weight_packed: torch.Tensor, block_kb: int)
     )  # fmt: skip
 
 
+def tiled_gemv_weight(weight_packed: torch.Tensor, weight_scale: torch.Tensor, block_n: int, block_b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K/2] codes and [N, K/16] scales -> their tile-major copy for the packed-float16 GEMV's (BLOCK_N, BLOCK_B)
+    tile (int64 words and E4M3 scales, flat): each K step's [block_n rows, block_b blocks] stored contiguously."""
+    from reference_engine.ops.tiled_experts import tile_major
+
+    words = weight_packed.contiguous().view(torch.int64)
+    return tile_major(words[None], 1, block_n, block_b), tile_major(weight_scale.contiguous()[None], 1, block_n, block_b)
+
+
 def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n: int, block_b: int, split_k: int, num_warps: int, loop: int,
-                 fp8: bool = False) -> None:
+                 fp8: bool = False, tiled: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """The packed-float16 GEMV; `tiled`: (words, scales) from `tiled_gemv_weight` for this (block_n, block_b), read
+    instead of the row-major codes and scales (the same bits out)."""
     from reference_engine.kernels.nvfp4_half_dot import _w4a16_gemv_half_kernel
 
     rows, k_blocks = weight_packed.shape[0], weight_packed.shape[1] // 8
+    if tiled is not None and (rows % block_n or k_blocks % block_b or tiled[0].numel() != rows * k_blocks):
+        raise ValueError(f"a tile-major GEMV copy needs whole tiles: N={rows} by {block_n} rows, {k_blocks} blocks by {block_b}, "
+                         f"and {rows * k_blocks} words (got {tiled[0].numel()})")  # fmt: skip
     steps_per_split = cdiv(cdiv(k_blocks, block_b), split_k)
     row_scales = torch.as_tensor(weight_scale_2).numel() == rows and rows > 1
     scale_2 = torch.as_tensor(weight_scale_2, dtype=torch.float32, device=x2d.device).reshape(-1)
@@ -294,10 +308,11 @@ def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_
     if split_k > 1:
         workspace = torch.empty((split_k, rows), dtype=torch.float32, device=x2d.device)
         counters = ticket_counters(x2d.device, row_blocks)
+    blocks, scales = (weight_packed.view(torch.int64), weight_scale) if tiled is None else tiled
     _w4a16_gemv_half_kernel[(row_blocks, split_k)](
-        x2d.view(torch.int32), weight_packed.view(torch.int64), weight_scale, scale_2, out2d, workspace, counters, rows, k_blocks,
+        x2d.view(torch.int32), blocks, scales, scale_2, out2d, workspace, counters, rows, k_blocks,
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_N=block_n, BLOCK_B=block_b, ROW_SCALES=row_scales, LOOP=loop,
-        ASM=not interpreting(), FP8=fp8, num_warps=num_warps,
+        ASM=not interpreting(), FP8=fp8, TILED=tiled is not None, num_warps=num_warps,
     )
 
 

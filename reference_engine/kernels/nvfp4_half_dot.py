@@ -254,14 +254,18 @@ def _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, BB: tl.c
 
 @triton.jit
 def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block0, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr,
-                   FP8: tl.constexpr = False):
+                   FP8: tl.constexpr = False, tile_base=0, TILED: tl.constexpr = False):
     """Scale blocks block0..block0+BB of rows `rows` [BN] (int64) against x: float32 [BN, BB], each block's
     sum times its block scale and 2^-4 (the caller sums, and multiplies by `BLOCK_SUM_SCALE` and the tensor scale).
-    FP8: the E4M3 decode."""
+    FP8: the E4M3 decode. TILED: codes and scales in tile-major order (`ops.tiled_experts.tile_major` with one part:
+    each [BN rows, BB blocks] step stored contiguously), this row tile from word `tile_base`; block0 a multiple of BB."""
     cols = block0 + tl.arange(0, BB)
     ok = cols < K_BLOCKS
     tile_ok = row_ok[:, None] & ok[None, :]
-    offsets = rows[:, None] * K_BLOCKS + cols[None, :]
+    if TILED:
+        offsets = tile_base + block0 * BN + tl.arange(0, BN)[:, None] * BB + tl.arange(0, BB)[None, :]
+    else:
+        offsets = rows[:, None] * K_BLOCKS + cols[None, :]
     block = tl.load(blocks_ptr + offsets, mask=tile_ok, other=0)  # [BN, BB] int64
     scale = tl.load(scale_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)  # one E4M3 scale per block
     p0, p1, p2, p3, p4, p5, p6, p7 = _x_half_pairs(x32_ptr, cols, ok, ASM, FP8)
@@ -272,10 +276,11 @@ def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block
 def _w4a16_gemv_half_kernel(
     x32_ptr, blocks_ptr, scale_ptr, scale_2_ptr, out_ptr, workspace_ptr, counter_ptr, N, K_BLOCKS,
     STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr, FP8: tl.constexpr = False,
+    ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr, FP8: tl.constexpr = False, TILED: tl.constexpr = False,
 ):
     """One token: out[n] = sum_k x[k] W[n, k]. Grid (cdiv(N, BLOCK_N), SPLIT_K); BLOCK_B scale blocks
-    (16 elements, 8 bytes) per row per step.
+    (16 elements, 8 bytes) per row per step. TILED: `blocks_ptr` and `scale_ptr` hold a tile-major copy for
+    (BLOCK_N, BLOCK_B) (whole row tiles and steps only; the caller checks).
 
     Split-K without a second launch: each program stores its float32 partial sums in `workspace [SPLIT_K, N]`,
     then takes a ticket from its row block's counter (`counter_ptr [cdiv(N, BLOCK_N)]` int32, zero between
@@ -291,15 +296,19 @@ def _w4a16_gemv_half_kernel(
     else:
         scale_2 = tl.load(scale_2_ptr) * 16.0
     acc = tl.zeros((BLOCK_N, BLOCK_B), dtype=tl.float32)  # summed over K once, after the loop
+    tile_base = pid_n.to(tl.int64) * BLOCK_N * K_BLOCKS  # TILED: this row tile's first word
     if LOOP == 1:  # unrolled: every step's loads may be issued before the first block dot
         for step in tl.static_range(STEPS_PER_SPLIT):
-            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8)
+            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8,
+                                  tile_base, TILED)
     elif LOOP > 1:
         for step in tl.range(STEPS_PER_SPLIT, num_stages=LOOP):
-            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8)
+            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8,
+                                  tile_base, TILED)
     else:
         for step in range(STEPS_PER_SPLIT):
-            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8)
+            acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8,
+                                  tile_base, TILED)
     acc = tl.sum(acc, axis=1) * scale_2
     if SPLIT_K == 1:
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)

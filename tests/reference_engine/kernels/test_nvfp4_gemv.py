@@ -84,6 +84,39 @@ print("ok")
 """
 
 
+# Tile-major copies (`tiled_gemv_weight`) read by the packed-float16 batch-1 GEMV give the row-major reads' bits, with
+# split-K, per-row tensor scales, both decodes and each loop form; a copy in row-major order (the wrong order) misses by
+# far; ragged tiles are refused.
+TILED_SCRIPT = """
+import torch
+from reference_engine.kernels import nvfp4_gemv
+from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+g = torch.Generator().manual_seed(13)
+packed, scale, scale_2 = quantize_nvfp4(torch.randn(64, 512, generator=g))  # 64 rows, 32 scale blocks
+x = torch.randn(1, 512, generator=g).bfloat16()
+for block_n, block_b, split_k, loop, fp8 in ((16, 4, 2, 0, False), (32, 8, 4, 1, False), (16, 8, 1, 3, True), (64, 2, 8, 0, True)):
+    tiled = nvfp4_gemv.tiled_gemv_weight(packed, scale, block_n, block_b)
+    for scale_2_in in (scale_2, torch.rand(64, generator=g) + 0.5):
+        rows_out = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
+        nvfp4_gemv._launch_half(x, packed, scale, scale_2_in, rows_out, block_n, block_b, split_k, 4, loop, fp8=fp8)
+        tile_out = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
+        nvfp4_gemv._launch_half(x, packed, scale, scale_2_in, tile_out, block_n, block_b, split_k, 4, loop, fp8=fp8, tiled=tiled)
+        assert torch.isfinite(rows_out).all() and torch.equal(tile_out, rows_out), (block_n, block_b, split_k, loop, fp8)
+    wrong = (packed.view(torch.int64).reshape(-1), scale.reshape(-1))  # the right words in row-major order
+    missed = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
+    nvfp4_gemv._launch_half(x, packed, scale, scale_2, missed, block_n, block_b, split_k, 4, loop, fp8=fp8, tiled=wrong)
+    error = float((missed.double() - rows_out.double()).norm() / rows_out.double().norm())
+    assert error > 0.1, (block_n, block_b, error)
+try:
+    nvfp4_gemv._launch_half(x, packed, scale, scale_2, rows_out, 48, 4, 1, 4, 0, tiled=nvfp4_gemv.tiled_gemv_weight(packed, scale, 16, 4))
+    raise AssertionError("a ragged row tile was accepted")
+except ValueError as refused:
+    print(f"refused: {refused}")
+print("ok")
+"""
+
+
 @pytest.fixture(scope="module")
 def run():
     return interpreter_run({CONTRACT: {IMPL: CPU_CASES} | {f"wrong_kernels:{name}": WRONG_CASES for name in WRONG}}, BATCH_ONE_SCRIPT)
@@ -96,6 +129,10 @@ def records(run):
 
 def test_batch_one_configuration_matches_the_torch_op(run):
     assert_script_ok(run)
+
+
+def test_tile_major_copies_give_the_row_major_bits():
+    assert_script_ok(interpreter_run({}, TILED_SCRIPT, timeout=900))
 
 
 def test_contract_cpu_cases_pass_under_the_interpreter(records):
