@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Prepared in the twenty-fifth session for the next one's first call (about 480 s with the peer). Usage:
+# Prepared in the twenty-fifth session for the next one's first call (about 520 s with the peer). Usage:
 #   OUT=$OUT NAME=runNN COMMIT=<sha> bash benchmarks/gpu_session26.sh
 # 1. `kernels/time_weight_layout.py --shapes gemv_...`: do the batch-1 GEMVs' committed tiles (256 or 64 rows by
 #    64 bytes a step, split-K) lose bandwidth to their row-major access pattern as the grouped MoE tiles did (run74)?
 #    About 30 s. If tile-major streams much faster, a tile-major copy of the dense linears (0.84 GB) is the next lever.
+# 1b. `kernels/time_gemv_tiled.py`: the real packed-float16 GEMV reading tile-major copies (bit-equal first), about 40 s.
 # 2. `kernels/time_moe_tiled.py`: the tile-major expert copies on this card (run74 measured them on an H100 only).
 # 3. The full bench with the peer on the committed tuning (tile-major copies and the fused sampler on): the first
 #    end-to-end figures of both on this card, sampled TPOT included.
@@ -14,6 +15,7 @@ export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
 AUX="$OUT/aux"; mkdir -p "$AUX"
 timeout 90 python3 benchmarks/kernels/time_weight_layout.py "$AUX/$NAME-layout.json" --shapes gemv_12288x2048,gemv_9216x2048,gemv_2048x4096 \
   > "$AUX/$NAME-layout.log" 2>&1; echo "layout rc=$?"; cut -c1-160 "$AUX/$NAME-layout.log"
+timeout 90 python3 benchmarks/kernels/time_gemv_tiled.py "$AUX/$NAME-gemv-tiled.json" > "$AUX/$NAME-gemv-tiled.log" 2>&1; echo "gemv tiled rc=$?"; tail -n 4 "$AUX/$NAME-gemv-tiled.log" | cut -c1-300
 timeout 150 python3 benchmarks/kernels/time_moe_tiled.py "$AUX/$NAME-tiled.json" > "$AUX/$NAME-tiled.log" 2>&1; echo "tiled rc=$?"; tail -n 4 "$AUX/$NAME-tiled.log" | cut -c1-300
 tar -czf "$OUT/$NAME-aux.tgz" -C "$AUX" .  # before the bench: a call cut at its limit keeps these
 LEFT=$(( ${CALL_S:-590} - SECONDS )); BENCH_T=$(( ${BENCH_S:-420} < LEFT ? ${BENCH_S:-420} : LEFT )); echo "bench gets ${BENCH_T} s"

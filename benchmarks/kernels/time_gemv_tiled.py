@@ -61,7 +61,7 @@ def main() -> None:
         for _ in range(ROUNDS):
             for use_tiled in (False, True):
 
-                def step():
+                def step(weights=weights, copies=copies):
                     for index in range(CALLS):
                         p, s = weights[index % count]
                         nvfp4_gemv._launch_half(x, p, s, scale_2, outs[0], block_n, block_b, split_k, warps, loop, fp8=words == 3,
@@ -73,8 +73,6 @@ def main() -> None:
                         "ratio": tile_major / row_major, "rounds_us": {"row_major": rounds[False], "tile_major": rounds[True]}})  # fmt: skip
         print(f"GEMV {rows} x {cols} {config}: row-major {row_major:6.2f} us, tile-major {tile_major:6.2f} us, "
               f"ratio {tile_major / row_major:.3f} (bit-equal)", flush=True)  # fmt: skip
-        del weights, copies
-        torch.cuda.empty_cache()
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "tuning": str(path), "records": records}, indent=1))
 
 
