@@ -6,8 +6,8 @@
 #    About 30 s. If tile-major streams much faster, a tile-major copy of the dense linears (0.84 GB) is the next lever.
 # 1b. `kernels/time_gemv_tiled.py`: the real packed-float16 GEMV reading tile-major copies (bit-equal first), about 40 s.
 # 2. `kernels/time_moe_tiled.py`: the tile-major expert copies on this card (run74 measured them on an H100 only).
-# 3. The full bench with the peer on the committed tuning (tile-major copies and the fused sampler on): the first
-#    end-to-end figures of both on this card, sampled TPOT included.
+# 3. `kernels/adopt_measured.py` turns on the GEMV copies (`gemv_tiled`) if 1b showed them faster; then the full bench
+#    with the peer on that file (expert copies and the fused sampler on): the first end-to-end figures on this card.
 # Results: $NAME.json / .md, $NAME-bench.log, $NAME-aux.tgz (the other logs and JSON).
 set -u
 OUT="${OUT:-/tmp/session26-out}"; NAME="${NAME:-session26}"; COMMIT="${COMMIT:-unknown}"
@@ -17,6 +17,9 @@ timeout 90 python3 benchmarks/kernels/time_weight_layout.py "$AUX/$NAME-layout.j
   > "$AUX/$NAME-layout.log" 2>&1; echo "layout rc=$?"; cut -c1-160 "$AUX/$NAME-layout.log"
 timeout 90 python3 benchmarks/kernels/time_gemv_tiled.py "$AUX/$NAME-gemv-tiled.json" > "$AUX/$NAME-gemv-tiled.log" 2>&1; echo "gemv tiled rc=$?"; tail -n 4 "$AUX/$NAME-gemv-tiled.log" | cut -c1-300
 timeout 150 python3 benchmarks/kernels/time_moe_tiled.py "$AUX/$NAME-tiled.json" > "$AUX/$NAME-tiled.log" 2>&1; echo "tiled rc=$?"; tail -n 4 "$AUX/$NAME-tiled.log" | cut -c1-300
+TUNING=reference_engine/kernels/tuned/nvidia-h200.json  # the H100 takes the H200's file (same architecture)
+python3 benchmarks/kernels/adopt_measured.py "$TUNING" --gemv-tiled "$AUX/$NAME-gemv-tiled.json"
+cp "$TUNING" "$AUX/$NAME-tuning.json"
 tar -czf "$OUT/$NAME-aux.tgz" -C "$AUX" .  # before the bench: a call cut at its limit keeps these
 LEFT=$(( ${CALL_S:-590} - SECONDS )); BENCH_T=$(( ${BENCH_S:-420} < LEFT ? ${BENCH_S:-420} : LEFT )); echo "bench gets ${BENCH_T} s"
 if [ "$BENCH_T" -ge "${BENCH_MIN_S:-150}" ]; then

@@ -47,9 +47,21 @@ def default_num_blocks(model, config: EngineConfig) -> int:
     return int(min(wanted, affordable))
 
 
-def attach_tiled_experts(model, max_batch: int, decode_mode: str = "auto", use_triton: bool = True) -> int:
-    """On CUDA with the Triton kernels, when the card's tuning asks for them (`moe_grouped_half.wants_tiled`), give every
-    MoE block tile-major copies of its experts for the grouped decode kernels. Returns the bytes added (0: none)."""
+def _nvfp4_linears(model):
+    """The model's NVFP4 projections the batch-1 GEMV reads: each layer's mixer linears (stacked ones included) and
+    the LM head."""
+    for layer in model.layers:
+        for value in vars(layer.mixer).values():
+            if getattr(value, "weight_packed", None) is not None:
+                yield value
+    if getattr(model.lm_head, "weight_packed", None) is not None:
+        yield model.lm_head
+
+
+def attach_tiled_copies(model, max_batch: int, decode_mode: str = "auto", use_triton: bool = True) -> int:
+    """On CUDA with the Triton kernels, where the card's tuning asks for them: tile-major copies of every MoE block's
+    experts for the grouped decode kernels (`moe_grouped_half.wants_tiled`, held by the blocks), and of the NVFP4
+    projections for the batch-1 GEMV (`nvfp4_gemv.TILED_COPIES`, kept by that module). Returns the bytes added."""
     device = torch.device(model.device)
     if decode_mode == "eager" or not use_triton or device.type != "cuda":
         return 0
@@ -57,14 +69,17 @@ def attach_tiled_experts(model, max_batch: int, decode_mode: str = "auto", use_t
 
     if select_ops(str(device), use_triton=True).backends.get("moe_block_decode") != "triton":  # also applies the card's tuning
         return 0
-    from reference_engine.kernels import moe_grouped_half
+    from reference_engine.kernels import moe_grouped_half, nvfp4_gemv
 
-    if not moe_grouped_half.wants_tiled(max_batch):
-        return 0
-    before = model.nbytes()
-    for layer in model.layers:
-        layer.mlp.attach_tiled(moe_grouped_half.tile_experts)
-    return model.nbytes() - before
+    added = 0
+    if moe_grouped_half.wants_tiled(max_batch):
+        before = model.nbytes()
+        for layer in model.layers:
+            layer.mlp.attach_tiled(moe_grouped_half.tile_experts)
+        added += model.nbytes() - before
+    if nvfp4_gemv.TILED_COPIES:
+        added += sum(nvfp4_gemv.register_tiled_copy(linear.weight_packed, linear.weight_scale) for linear in _nvfp4_linears(model))
+    return added
 
 
 class LLMEngine:
@@ -74,7 +89,7 @@ class LLMEngine:
         use_triton: the static decode path calls Triton kernels on CUDA where they exist (ops/backend.py);
         prefill_graphs: a fresh prompt's prefill padded to a bucket and replayed from a graph (None: with "graphs")."""
         self.model, self.tokenizer, self.config = model, tokenizer, config
-        attach_tiled_experts(model, config.max_num_seqs, decode_mode, use_triton)  # before the cache takes the memory left
+        attach_tiled_copies(model, config.max_num_seqs, decode_mode, use_triton)  # before the cache takes the memory left
         num_blocks = config.num_blocks if config.num_blocks is not None else default_num_blocks(model, config)
         self.runner = ModelRunner(model, config, num_blocks, decode_mode=decode_mode, use_triton=use_triton, prefill_graphs=prefill_graphs)
         self.scheduler = Scheduler(

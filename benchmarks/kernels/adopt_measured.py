@@ -1,9 +1,12 @@
 """Turn on, in a tuning file, the settings whose timing files (written earlier in the same GPU call) show them faster.
 
-    PYTHONPATH=. python3 benchmarks/kernels/adopt_measured.py TUNING.json [--tiled TILED.json] [--sampling SAMPLING.json]
+    PYTHONPATH=. python3 benchmarks/kernels/adopt_measured.py TUNING.json [--tiled TILED.json] [--gemv-tiled GEMV.json]
+        [--sampling SAMPLING.json]
 
 - `--tiled` (`time_moe_tiled.py`): `moe_grouped_half.tiled` = 1 when the tile-major reads were bit-equal (the script
   exits before writing otherwise) and at least 3% faster at every batch timed;
+- `--gemv-tiled` (`time_gemv_tiled.py`): `gemv_tiled` = 1 when the batch-1 GEMVs on tile-major copies were bit-equal
+  and took at most 0.97 of the time in total over the shapes timed, and no shape got slower;
 - `--sampling` (`benchmarks/time_sampling.py`): `sampling_fused_select` = 1 when the fused selection drew the same
   tokens as the torch selection path at every batch and took less device time in graphs at every batch.
 
@@ -29,6 +32,17 @@ def tiled_wins(path: Path) -> bool:
     return wins
 
 
+def gemv_tiled_wins(path: Path) -> bool:
+    records = json.loads(path.read_text())["records"]
+    ratios = {f"{r['rows']}x{2 * r['k_bytes']}": round(r["ratio"], 3) for r in records}
+    rows = sum(r["row_major_us"] for r in records)
+    tiles = sum(r["tile_major_us"] for r in records)
+    wins = bool(records) and tiles <= MARGIN * rows and all(r["ratio"] <= 1.0 for r in records)
+    print(f"GEMV tile-major / row-major by shape {ratios}, in total {tiles / rows if rows else float('nan'):.3f}: "
+          f"{'adopted' if wins else 'not adopted'}")  # fmt: skip
+    return wins
+
+
 def fused_wins(path: Path) -> bool:
     rows = json.loads(path.read_text())["rows"]
     ratios = {r["batch"]: round(r["fused_graph_seconds"] / r["selection_graph_seconds"], 3) for r in rows if "fused_graph_seconds" in r}
@@ -42,11 +56,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("tuning", type=Path)
     parser.add_argument("--tiled", type=Path)
+    parser.add_argument("--gemv-tiled", type=Path)
     parser.add_argument("--sampling", type=Path)
     args = parser.parse_args()
     if args.tiled is not None and args.tiled.exists() and tiled_wins(args.tiled):
         settings = json.loads(args.tuning.read_text())["moe_grouped_half"]
         write_setting(args.tuning, "moe_grouped_half", settings | {"tiled": 1})
+    if args.gemv_tiled is not None and args.gemv_tiled.exists() and gemv_tiled_wins(args.gemv_tiled):
+        write_setting(args.tuning, "gemv_tiled", 1)
     if args.sampling is not None and args.sampling.exists() and fused_wins(args.sampling):
         write_setting(args.tuning, "sampling_fused_select", 1)
 

@@ -18,6 +18,9 @@ packed float16 pairs; its split-K is summed inside the kernel by the last progra
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -43,6 +46,51 @@ WORDS = 0  # weight reads: 0 bytes (nibbles split per byte), 1 int32 words (two 
 # 2 (one bfloat16 token; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`),
 # 3: as 2 with the codes widened through `cvt.rn.f16x2.e4m3x2` (`nvfp4_half_dot`'s E4M3 decode, FP8 on)
 GEMM_MIN_TOKENS = MAX_GEMV_TOKENS + 1  # from this many tokens the tensor-core GEMM runs instead of the GEMV (tuning may lower it)
+TILED_COPIES = False  # the engine registers tile-major copies of the batch-1 GEMVs' weights (tuning key `gemv_tiled`)
+
+
+@dataclass(frozen=True)
+class _TiledCopy:
+    """A weight's tile-major copy (`tiled_gemv_weight`), valid while `weight` is the very tensor it was made from."""
+
+    weight: weakref.ref  # the codes tensor the copy was made from
+    words: torch.Tensor
+    scales: torch.Tensor
+    block_n: int
+    block_b: int
+
+
+_COPIES: dict[int, _TiledCopy] = {}  # id(weight_packed) -> its copy; identity checked through the weak reference
+
+
+def register_tiled_copy(weight_packed: torch.Tensor, weight_scale: torch.Tensor) -> int:
+    """Make and keep the tile-major copy the batch-1 packed-float16 GEMV will read for this weight, for its tuned tile
+    (`TUNED` entry at one token with WORDS 2 or 3, whole row tiles and K steps). Returns the bytes held (0: none made).
+    The weights must not change afterwards: the copy is made once (the engine calls this at start)."""
+    rows, k_bytes = weight_packed.shape
+    config = TUNED.get((1, rows, k_bytes))
+    if config is None or len(config) < 7 or config[6] not in (2, 3) or not weight_packed.is_contiguous() or weight_packed.storage_offset() % 8:
+        return 0
+    block_n, block_b = config[1], config[2] // 8
+    if rows % block_n or (k_bytes // 8) % block_b:
+        return 0
+    words, scales = tiled_gemv_weight(weight_packed, weight_scale, block_n, block_b)
+    _COPIES[id(weight_packed)] = _TiledCopy(weakref.ref(weight_packed), words, scales, block_n, block_b)
+    return words.numel() * words.element_size() + scales.numel() * scales.element_size()
+
+
+def clear_tiled_copies() -> None:
+    _COPIES.clear()
+
+
+def _tiled_copy(weight_packed: torch.Tensor, block_n: int, block_b: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The registered copy of this very tensor for this tile, else None (then the row-major weight is read)."""
+    if not TILED_COPIES:
+        return None
+    copy = _COPIES.get(id(weight_packed))
+    if copy is None or copy.weight() is not weight_packed or (copy.block_n, copy.block_b) != (block_n, block_b):
+        return None
+    return copy.words, copy.scales
 
 
 @triton.jit
@@ -246,7 +294,8 @@ def launch_w4a16_gemv(
         loop = int(rest[0]) if rest else LOOP
         words = int(rest[1]) if len(rest) > 1 else WORDS
     if words in (2, 3) and _half_path_ok(x2d, weight_packed, block_kb):
-        _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n, block_kb // 8, split_k, num_warps, loop, fp8=words == 3)
+        _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n, block_kb // 8, split_k, num_warps, loop, fp8=words == 3,
+                     tiled=_tiled_copy(weight_packed, block_n, block_kb // 8))  # fmt: skip
         return
     words = min(words, 1)
     codes = weight_packed

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference_engine.engine import attach_tiled_experts
+from reference_engine.engine import attach_tiled_copies
 from reference_engine.kernels import moe_grouped_half as half
 from reference_engine.ops.static_moe import expert_tensors
 from reference_engine.ops.tiled_experts import tile_major
@@ -78,5 +78,5 @@ def test_wants_tiled_follows_the_plan_and_the_batch_range(monkeypatch):
 
 def test_engine_attaches_nothing_off_cuda():
     model = build_preset("tiny", dtype=torch.bfloat16, quantize="nvfp4", seed=2)
-    assert attach_tiled_experts(model, 64) == 0
+    assert attach_tiled_copies(model, 64) == 0
     assert all(layer.mlp.experts.stacked.tiled is None for layer in model.layers)

@@ -108,6 +108,32 @@ for block_n, block_b, split_k, loop, fp8 in ((16, 4, 2, 0, False), (32, 8, 4, 1,
     nvfp4_gemv._launch_half(x, packed, scale, scale_2, missed, block_n, block_b, split_k, 4, loop, fp8=fp8, tiled=wrong)
     error = float((missed.double() - rows_out.double()).norm() / rows_out.double().norm())
     assert error > 0.1, (block_n, block_b, error)
+# Registered copies (what the engine does with the tuning's `gemv_tiled`): the op reads one only for the very tensor
+# it was made from and for the tuned tile, and only while `TILED_COPIES` is on.
+config = (1, 16, 32, 2, 4, 0, 2)  # 16 rows, 4 blocks a step, split-K 2
+nvfp4_gemv.TUNED[(1, 64, 256)] = config
+expected = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
+nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, expected)
+assert nvfp4_gemv.register_tiled_copy(packed[:48], scale[:48]) == 0  # no tuned tile for 48 rows: no copy
+assert nvfp4_gemv.register_tiled_copy(packed, scale) == packed.numel() + scale.numel()
+nvfp4_gemv.TILED_COPIES = True
+through_copy = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
+nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, through_copy)
+assert torch.equal(through_copy, expected), "the registered copy gives other bits"
+entry = nvfp4_gemv._COPIES[id(packed)]  # poison the copy: the op must now miss, which shows it reads the copy
+nvfp4_gemv._COPIES[id(packed)] = nvfp4_gemv._TiledCopy(entry.weight, packed.view(torch.int64).reshape(-1), scale.reshape(-1), entry.block_n, entry.block_b)
+poisoned = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
+nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, poisoned)
+assert float((poisoned.double() - expected.double()).norm() / expected.double().norm()) > 0.1, "the registered copy was not read"
+twin = packed.clone()  # equal values, another tensor: never served the copy
+other = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
+nvfp4_gemv.w4a16_linear(x, twin, scale, scale_2, other)
+assert torch.equal(other, expected)
+nvfp4_gemv.TILED_COPIES = False
+off = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
+nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, off)
+assert torch.equal(off, expected), "a copy was read with TILED_COPIES off"
+nvfp4_gemv.clear_tiled_copies()
 try:
     nvfp4_gemv._launch_half(x, packed, scale, scale_2, rows_out, 48, 4, 1, 4, 0, tiled=nvfp4_gemv.tiled_gemv_weight(packed, scale, 16, 4))
     raise AssertionError("a ragged row tile was accepted")
