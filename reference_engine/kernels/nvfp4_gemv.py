@@ -75,8 +75,16 @@ def register_tiled_copy(weight_packed: torch.Tensor, weight_scale: torch.Tensor)
     if rows % block_n or (k_bytes // 8) % block_b:
         return 0
     words, scales = tiled_gemv_weight(weight_packed, weight_scale, block_n, block_b)
-    _COPIES[id(weight_packed)] = _TiledCopy(weakref.ref(weight_packed), words, scales, block_n, block_b)
+    key = id(weight_packed)
+    _COPIES[key] = _TiledCopy(weakref.ref(weight_packed, lambda ref, key=key: _drop(ref, key)), words, scales, block_n, block_b)
     return words.numel() * words.element_size() + scales.numel() * scales.element_size()
+
+
+def _drop(ref: weakref.ref, key: int) -> None:
+    """A registered weight died: free its copy (unless the key already holds another weight's copy)."""
+    entry = _COPIES.get(key)
+    if entry is not None and entry.weight is ref:
+        del _COPIES[key]
 
 
 def clear_tiled_copies() -> None:

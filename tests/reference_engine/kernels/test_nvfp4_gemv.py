@@ -134,6 +134,10 @@ off = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
 nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, off)
 assert torch.equal(off, expected), "a copy was read with TILED_COPIES off"
 nvfp4_gemv.clear_tiled_copies()
+dying = packed.clone()  # a registered weight that dies takes its copy with it
+assert nvfp4_gemv.register_tiled_copy(dying, scale) > 0 and len(nvfp4_gemv._COPIES) == 1
+del dying
+assert len(nvfp4_gemv._COPIES) == 0, "a dead weight's copy is still held"
 try:
     nvfp4_gemv._launch_half(x, packed, scale, scale_2, rows_out, 48, 4, 1, 4, 0, tiled=nvfp4_gemv.tiled_gemv_weight(packed, scale, 16, 4))
     raise AssertionError("a ragged row tile was accepted")
