@@ -6,8 +6,8 @@ For each batch-1 GEMV of the tuning file (default: this card's, else the H200's;
 packed-float16 kernel (WORDS 2 or 3): random NVFP4 weights at that shape, copied until a graph of calls streams more
 than the L2 (as in a decode step), and their tile-major copies for the committed tile (`nvfp4_gemv.tiled_gemv_weight`).
 The outputs must be bit-equal before either form is timed. The two forms alternate over three rounds; each form's
-fastest round counts. No speed is asserted. Where tile-major wins, the engine would need a copy of its dense NVFP4
-linears (about 0.84 GB at full size) and a way to hand it to the GEMV (not built yet).
+fastest round counts. No speed is asserted. Where tile-major wins, the tuning's `gemv_tiled` 1 has the engine keep
+such copies of its NVFP4 projections (`nvfp4_gemv.register_tiled_copy`, under 0.84 GB at full size).
 """
 
 # ruff: noqa: B023 - `step` is captured and replayed within the loop iteration that made it
