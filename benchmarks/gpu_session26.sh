@@ -3,7 +3,7 @@
 #   OUT=$OUT NAME=runNN COMMIT=<sha> bash benchmarks/gpu_session26.sh
 # 1. `kernels/time_weight_layout.py --shapes gemv_...`: do the batch-1 GEMVs' committed tiles (256 or 64 rows by
 #    64 bytes a step, split-K) lose bandwidth to their row-major access pattern as the grouped MoE tiles did (run74)?
-#    About 30 s. If tile-major streams much faster, a tile-major copy of the dense linears (0.84 GB) is the next lever.
+#    About 30 s. Also the per-pair MoE tiles of batch 8 (32 rows by 64 bytes a step), the next candidate for copies.
 # 1b. `kernels/time_gemv_tiled.py`: the real packed-float16 GEMV reading tile-major copies (bit-equal first), about 40 s.
 # 2. `kernels/time_moe_tiled.py`: the tile-major expert copies on this card (run74 measured them on an H100 only).
 # 3. `kernels/adopt_measured.py` turns on the GEMV copies (`gemv_tiled`) if 1b showed them faster; then the full bench
@@ -13,7 +13,7 @@ set -u
 OUT="${OUT:-/tmp/session26-out}"; NAME="${NAME:-session26}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
 AUX="$OUT/aux"; mkdir -p "$AUX"
-timeout 90 python3 benchmarks/kernels/time_weight_layout.py "$AUX/$NAME-layout.json" --shapes gemv_12288x2048,gemv_9216x2048,gemv_2048x4096 \
+timeout 90 python3 benchmarks/kernels/time_weight_layout.py "$AUX/$NAME-layout.json" --shapes gemv_12288x2048,gemv_9216x2048,gemv_2048x4096,pair_gate_up_b8 \
   > "$AUX/$NAME-layout.log" 2>&1; echo "layout rc=$?"; cut -c1-160 "$AUX/$NAME-layout.log"
 timeout 90 python3 benchmarks/kernels/time_gemv_tiled.py "$AUX/$NAME-gemv-tiled.json" > "$AUX/$NAME-gemv-tiled.log" 2>&1; echo "gemv tiled rc=$?"; tail -n 4 "$AUX/$NAME-gemv-tiled.log" | cut -c1-300
 timeout 150 python3 benchmarks/kernels/time_moe_tiled.py "$AUX/$NAME-tiled.json" > "$AUX/$NAME-tiled.log" 2>&1; echo "tiled rc=$?"; tail -n 4 "$AUX/$NAME-tiled.log" | cut -c1-300

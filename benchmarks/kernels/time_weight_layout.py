@@ -81,7 +81,10 @@ DOWN = Shape("down", 2048, 32, False)  # 2048 rows of 512 codes
 GDN_IN_PROJ = Shape("gemv_12288x2048", 12288, 128, False, experts=1, active=1, split=8, calls=16)
 ATTN_QKV = Shape("gemv_9216x2048", 9216, 128, False, experts=1, active=1, split=8, calls=16)
 OUT_PROJ = Shape("gemv_2048x4096", 2048, 256, False, experts=1, active=1, split=16, calls=32)
-SHAPES = (GATE_UP, DOWN, GDN_IN_PROJ, ATTN_QKV, OUT_PROJ)
+# The per-pair MoE kernels of batches 2 to 15 (`moe_decode` tiles: 32 rows by 64 bytes a step), batch 8: about 57
+# distinct experts of 256 for 64 pairs
+PAIR_GATE_UP_B8 = Shape("pair_gate_up_b8", 1024, 128, True, active=57, calls=8)
+SHAPES = (GATE_UP, DOWN, GDN_IN_PROJ, ATTN_QKV, OUT_PROJ, PAIR_GATE_UP_B8)
 
 
 def tile_major(words: torch.Tensor, shape: Shape, bn: int, bb: int) -> torch.Tensor:
@@ -141,7 +144,7 @@ def main() -> None:
         (GATE_UP, 32, 16, 0, True), (GATE_UP, 32, 4, 0, False), (GATE_UP, 32, 4, 1, False),
         (DOWN, 32, 4, 0, True), (DOWN, 32, 4, 1, True), (DOWN, 32, 8, 0, True), (DOWN, 32, 8, 1, True),
         (GDN_IN_PROJ, 256, 8, 0, True), (GDN_IN_PROJ, 256, 8, 1, True), (ATTN_QKV, 256, 8, 0, True), (ATTN_QKV, 256, 8, 1, True),
-        (OUT_PROJ, 64, 8, 0, True), (OUT_PROJ, 64, 8, 1, True),
+        (OUT_PROJ, 64, 8, 0, True), (OUT_PROJ, 64, 8, 1, True), (PAIR_GATE_UP_B8, 32, 8, 0, True), (PAIR_GATE_UP_B8, 32, 8, 1, True),
     ]  # fmt: skip
     plans = [plan for plan in plans if plan[0] in shapes]
     for shape, bn, bb, _, _ in plans:
