@@ -24,14 +24,4 @@ timeout 90 python3 benchmarks/time_sampling.py "$AUX/$NAME-sampling.json" > "$AU
 timeout 40 python3 benchmarks/time_topk.py "$AUX/$NAME-topk.json" > "$AUX/$NAME-topk.log" 2>&1; echo "topk rc=$?"; tail -n 2 "$AUX/$NAME-topk.log" | cut -c1-300
 python3 benchmarks/kernels/adopt_measured.py "$TUNING" --tiled "$AUX/$NAME-tiled.json" --sampling "$AUX/$NAME-sampling.json"
 cp "$TUNING" "$AUX/$NAME-tuning.json"
-tar -czf "$OUT/$NAME-aux.tgz" -C "$AUX" .  # before the bench: a call cut at its limit keeps these
-LEFT=$(( ${CALL_S:-590} - SECONDS )); BENCH_T=$(( ${BENCH_S:-420} < LEFT ? ${BENCH_S:-420} : LEFT )); echo "bench gets ${BENCH_T} s"
-if [ "$BENCH_T" -ge "${BENCH_MIN_S:-150}" ]; then
-  timeout "$BENCH_T" python3 -m toolbox.cli engine bench ${BENCH_ARGS:-} --out-dir "$OUT" --commit "$COMMIT" --name "$NAME" > "$OUT/$NAME-bench.log" 2>&1
-  echo "bench rc=$? (1: gate failed, 124: out of time)"
-else
-  echo "bench skipped: ${BENCH_T} s left"
-fi
-grep -E "^\| (TTFT|TPOT|output)|^WARNING" "$OUT/$NAME.md" 2>/dev/null | cut -c1-250
-grep -E "^Batch-1 decode step" "$OUT/$NAME.md" 2>/dev/null | cut -c1-200
-rm -rf "$AUX"; ls "$OUT"
+. benchmarks/gpu_bench_tail.sh  # archive, then the bench in the time left

@@ -84,12 +84,6 @@ class HalfGroupedPlan:
     tiled: int = 0  # 1: the engine gives the stacks tile-major copies (`wants_tiled`, `tile_experts`) that the kernels read
 
 
-def _tiles(plan: HalfGroupedPlan, hidden: int, inter: int) -> tuple[int, int, int, int]:
-    """The (rows, blocks per step) the kernels run with under `plan` at this shape, gate/up then down."""
-    return (min(plan.gate_up_block_n, next_power_of_2(inter)), _steps(plan.gate_up_block_b, hidden // 16),
-            min(plan.down_block_n, next_power_of_2(hidden)), _steps(plan.down_block_b, inter // 16))  # fmt: skip
-
-
 def wants_tiled(max_batch: int) -> bool:
     """Whether an engine decoding up to `max_batch` rows on CUDA should attach tile-major copies (`tile_experts`): the
     plan asks for them and some batch runs these kernels."""
@@ -97,8 +91,11 @@ def wants_tiled(max_batch: int) -> bool:
 
 
 def tiles_for(plan: HalfGroupedPlan | None, hidden: int, inter: int) -> tuple[int, int, int, int]:
-    """The tiles tile-major copies must be ordered for to serve `plan` (default `PLAN`) at this shape."""
-    return _tiles(plan if plan is not None else PLAN, hidden, inter)
+    """The (rows, blocks per K step) the kernels run with under `plan` (default `PLAN`) at this shape, gate/up then
+    down: the tiles a tile-major copy must be ordered for to serve that plan."""
+    p = plan if plan is not None else PLAN
+    return (min(p.gate_up_block_n, next_power_of_2(inter)), _steps(p.gate_up_block_b, hidden // 16),
+            min(p.down_block_n, next_power_of_2(hidden)), _steps(p.down_block_b, inter // 16))  # fmt: skip
 
 
 def tile_experts(experts: StackedNvfp4Experts, shared: SharedNvfp4Expert, plan: HalfGroupedPlan | None = None) -> tuple[TiledWeights, TiledWeights]:
@@ -523,7 +520,7 @@ def half_grouped_experts_with_shared(
     `check_ids=False` skips the expert-id range check (a host sync; the router's ids are in range).
     `tiled`: the routed and shared experts' tile-major copies (`tile_experts`, for this plan's tiles); the kernels then
     read those instead of the row-major codes and scales (the same values, so the same bits out). Without it, the copies
-    the stacks carry (`experts.tiled`, `shared.tiled`, attached by `attach_tiles`) are read when they were ordered for
+    the stacks carry (`experts.tiled`, `shared.tiled`, attached by `SparseMoeBlock.attach_tiled`) are read when they were ordered for
     this plan's tiles."""
     _require(x.dtype == torch.bfloat16, f"the packed float16 grouped experts take bfloat16 x, got {x.dtype}")
     tokens, hidden, top_k, inter, routed, shared_tensors = grouped_inputs(x, topk_weights, topk_ids, experts, shared, out, check_ids)
@@ -536,13 +533,12 @@ def half_grouped_experts_with_shared(
     gu_packed, gu_scale, gu_scale_2, down_packed, down_scale, down_scale_2 = routed
     s_gu_packed, s_gu_scale, s_gu_scale_2, s_down_packed, s_down_scale, s_down_scale_2 = shared_tensors
     asm = not interpreting()
-    want = _tiles(p, hidden, inter)
+    want = tiles_for(p, hidden, inter)
     carried = getattr(experts, "tiled", None), getattr(shared, "tiled", None)  # the contracts' own stacks carry none
     if tiled is None and None not in carried and carried[0].tiles == want == carried[1].tiles:
         tiled = carried
     if tiled is not None:
         _require(tiled[0].tiles == want and tiled[1].tiles == want, f"tiled copies ordered for tiles {tiled[0].tiles} / {tiled[1].tiles}, the plan runs {want}")
-        _require(inter % want[0] == 0 and hidden % want[2] == 0, f"tile-major reads need whole row tiles: I={inter}, H={hidden}, tiles {want}")
         gu_packed, gu_scale, down_packed, down_scale = tiled[0].gate_up_words, tiled[0].gate_up_scale, tiled[0].down_words, tiled[0].down_scale
         s_gu_packed, s_gu_scale, s_down_packed, s_down_scale = tiled[1].gate_up_words, tiled[1].gate_up_scale, tiled[1].down_words, tiled[1].down_scale
     shared_chunks = cdiv(tokens, CHUNK)

@@ -35,6 +35,7 @@ from reference_engine.kernels.launch import (
     ticket_counters,
 )
 from reference_engine.ops.registry import satisfies
+from reference_engine.ops.tiled_experts import tile_major
 from reference_engine.quant.linear import _check_linear, _check_row_scales
 
 MAX_GEMV_TOKENS = 64
@@ -341,8 +342,6 @@ def _half_path_ok(x2d: torch.Tensor, weight_packed: torch.Tensor, block_kb: int)
 def tiled_gemv_weight(weight_packed: torch.Tensor, weight_scale: torch.Tensor, block_n: int, block_b: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, K/2] codes and [N, K/16] scales -> their tile-major copy for the packed-float16 GEMV's (BLOCK_N, BLOCK_B)
     tile (int64 words and E4M3 scales, flat): each K step's [block_n rows, block_b blocks] stored contiguously."""
-    from reference_engine.ops.tiled_experts import tile_major
-
     words = weight_packed.contiguous().view(torch.int64)
     return tile_major(words[None], 1, block_n, block_b), tile_major(weight_scale.contiguous()[None], 1, block_n, block_b)
 
