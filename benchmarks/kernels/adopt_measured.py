@@ -6,7 +6,8 @@
 - `--tiled` (`time_moe_tiled.py`): `moe_grouped_half.tiled` = 1 when the tile-major reads were bit-equal (the script
   exits before writing otherwise) and at least 3% faster at every batch timed;
 - `--gemv-tiled` (`time_gemv_tiled.py`): `gemv_tiled` = 1 when the batch-1 GEMVs on tile-major copies were bit-equal
-  and took at most 0.97 of the time in total over the shapes timed, and no shape got slower;
+  and took at most 0.97 of the time in total over the shapes timed, and no shape got slower; with `--sweep` records, a
+  shape whose fastest tile-major neighbour beat the committed tile by 3% or more gets that config written too;
 - `--sampling` (`benchmarks/time_sampling.py`): `sampling_fused_select` = 1 when the fused selection drew the same
   tokens as the torch selection path at every batch and took less device time in graphs at every batch.
 
@@ -32,15 +33,26 @@ def tiled_wins(path: Path) -> bool:
     return wins
 
 
-def gemv_tiled_wins(path: Path) -> bool:
+def gemv_tiled_choice(path: Path) -> tuple[bool, dict[tuple[int, int], list[int]]]:
+    """(adopt the copies?, {(rows, k_bytes): a neighbour's config to write}). Each shape counts its fastest tile-major
+    config: a `--sweep` neighbour only when it beat the committed tile by MARGIN, else the committed one."""
     records = json.loads(path.read_text())["records"]
-    ratios = {f"{r['rows']}x{2 * r['k_bytes']}": round(r["ratio"], 3) for r in records}
+    chosen: dict[tuple[int, int], list[int]] = {}
+    tiles = 0.0
+    ratios = {}
+    for r in records:
+        tile_us = r["tile_major_us"]
+        best = r.get("best_tiled")
+        if best is not None and best["config"] != list(r["config"][:7]) and best["tile_major_us"] <= MARGIN * tile_us:
+            chosen[(r["rows"], r["k_bytes"])] = best["config"]
+            tile_us = best["tile_major_us"]
+        tiles += tile_us
+        ratios[f"{r['rows']}x{2 * r['k_bytes']}"] = round(tile_us / r["row_major_us"], 3)
     rows = sum(r["row_major_us"] for r in records)
-    tiles = sum(r["tile_major_us"] for r in records)
-    wins = bool(records) and tiles <= MARGIN * rows and all(r["ratio"] <= 1.0 for r in records)
+    wins = bool(records) and tiles <= MARGIN * rows and all(ratio <= 1.0 for ratio in ratios.values())
     print(f"GEMV tile-major / row-major by shape {ratios}, in total {tiles / rows if rows else float('nan'):.3f}: "
-          f"{'adopted' if wins else 'not adopted'}")  # fmt: skip
-    return wins
+          f"{'adopted' if wins else 'not adopted'}; tiles changed: {chosen if wins else {}}")  # fmt: skip
+    return wins, chosen if wins else {}
 
 
 def fused_wins(path: Path) -> bool:
@@ -62,8 +74,16 @@ def main() -> None:
     if args.tiled is not None and args.tiled.exists() and tiled_wins(args.tiled):
         settings = json.loads(args.tuning.read_text())["moe_grouped_half"]
         write_setting(args.tuning, "moe_grouped_half", settings | {"tiled": 1})
-    if args.gemv_tiled is not None and args.gemv_tiled.exists() and gemv_tiled_wins(args.gemv_tiled):
-        write_setting(args.tuning, "gemv_tiled", 1)
+    if args.gemv_tiled is not None and args.gemv_tiled.exists():
+        wins, chosen = gemv_tiled_choice(args.gemv_tiled)
+        if wins:
+            entries = json.loads(args.tuning.read_text())["nvfp4_gemv"]
+            for entry in entries:
+                config = chosen.get((entry["rows"], entry["k_bytes"])) if entry["tokens"] == 1 else None
+                if config is not None:
+                    entry["config"] = config
+            write_setting(args.tuning, "nvfp4_gemv", entries)
+            write_setting(args.tuning, "gemv_tiled", 1)
     if args.sampling is not None and args.sampling.exists() and fused_wins(args.sampling):
         write_setting(args.tuning, "sampling_fused_select", 1)
 

@@ -1,6 +1,6 @@
 """Time the batch-1 NVFP4 GEMVs reading tile-major copies of their weights against the row-major weights.
 
-    PYTHONPATH=. python3 benchmarks/kernels/time_gemv_tiled.py OUT.json [--tuning FILE]
+    PYTHONPATH=. python3 benchmarks/kernels/time_gemv_tiled.py OUT.json [--tuning FILE] [--sweep]
 
 For each batch-1 GEMV of the tuning file (default: this card's, else the H200's; the LM head left out) that runs the
 packed-float16 kernel (WORDS 2 or 3): random NVFP4 weights at that shape, copied until a graph of calls streams more
@@ -8,6 +8,12 @@ than the L2 (as in a decode step), and their tile-major copies for the committed
 The outputs must be bit-equal before either form is timed. The two forms alternate over three rounds; each form's
 fastest round counts. No speed is asserted. Where tile-major wins, the tuning's `gemv_tiled` 1 has the engine keep
 such copies of its NVFP4 projections (`nvfp4_gemv.register_tiled_copy`, under 0.84 GB at full size).
+
+`--sweep`: contiguous tiles may move the best tile, so each shape also times tile-major copies for a few neighbours of
+the committed config (`neighbours`: K step doubled, rows halved, split-K doubled or halved, 8 warps, the other K loop),
+each checked bit-equal to the row-major output first, in the same rounds. Records get `sweep` (config, us) and
+`best_tiled` (the fastest tile-major config, the committed one included); `adopt_measured.py --gemv-tiled` takes a
+neighbour only when it beats the committed tile by 3% or more.
 """
 
 # ruff: noqa: B023 - `step` is captured and replayed within the loop iteration that made it
@@ -30,10 +36,42 @@ from reference_engine.quant.nvfp4 import quantize_nvfp4
 ROUNDS = 3
 
 
+def neighbours(config: list[int], rows: int, k_blocks: int) -> list[list[int]]:
+    """Configs (same layout as the tuning's) near `config` whose tiles fit the shape whole (rows by BLOCK_N, K blocks by
+    BLOCK_B), split-K at most the K steps; the committed config excluded."""
+    block_m, block_n, block_kb, split_k, warps, loop, words = config[:7]
+    candidates = [
+        [block_m, block_n, 2 * block_kb, split_k, warps, loop, words],
+        [block_m, block_n, 2 * block_kb, max(1, split_k // 2), warps, loop, words],
+        [block_m, block_n // 2, block_kb, split_k, warps, loop, words],
+        [block_m, block_n // 2, block_kb, max(1, split_k // 2), warps, loop, words],
+        [block_m, block_n, block_kb, 2 * split_k, warps, loop, words],
+        [block_m, block_n, block_kb, max(1, split_k // 2), warps, loop, words],
+        [block_m, block_n, block_kb, split_k, 8 if warps != 8 else 4, loop, words],
+        [block_m, block_n, block_kb, split_k, warps, 0 if loop else 1, words],
+    ]
+    out = []
+    for c in candidates:
+        n, b, split = c[1], c[2] // 8, c[3]
+        if n >= 16 and rows % n == 0 and k_blocks % b == 0 and split <= k_blocks // b and c != list(config[:7]) and c not in out:
+            out.append(c)
+    return out
+
+
+def bit_equal(x, packed, scale, scale_2, config, copy) -> bool:
+    """The half kernel with `config` gives the same finite bits from the row-major weight and from its tile-major copy."""
+    _, block_n, block_kb, split_k, warps, loop, words = config
+    outs = [torch.full((1, packed.shape[0]), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    for tiled, out in zip((None, copy), outs, strict=True):
+        nvfp4_gemv._launch_half(x, packed, scale, scale_2, out, block_n, block_kb // 8, split_k, warps, loop, fp8=words == 3, tiled=tiled)
+    return bool(torch.isfinite(outs[0]).all()) and torch.equal(outs[0], outs[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
     parser.add_argument("--tuning", default=None, help="tuning file (default: this card's, else the H200's)")
+    parser.add_argument("--sweep", action="store_true", help="also time tile-major copies for neighbouring tiles")
     args = parser.parse_args()
     path = Path(args.tuning) if args.tuning else tuning.tuning_path(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
     entries = json.loads(Path(path).read_text())["nvfp4_gemv"]
@@ -43,36 +81,55 @@ def main() -> None:
         tokens, rows, k_bytes, config = entry["tokens"], entry["rows"], entry["k_bytes"], entry["config"]
         if tokens != 1 or rows > 65536 or len(config) < 7 or config[6] not in (2, 3):
             continue
-        _, block_n, block_kb, split_k, warps, loop, words = config
-        block_b = block_kb // 8
         cols = 2 * k_bytes
         packed, scale, scale_2 = quantize_nvfp4(torch.randn(rows, cols, device="cuda") * cols**-0.5)
         count = copies_for(packed.numel() + scale.numel())
         weights = [(packed, scale)] + [(packed.clone(), scale.clone()) for _ in range(count - 1)]
-        copies = [nvfp4_gemv.tiled_gemv_weight(p, s, block_n, block_b) for p, s in weights]
         x = torch.randn(1, cols, device="cuda").bfloat16()
-        outs = [torch.full((1, rows), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-        for use_tiled, out in zip((False, True), outs, strict=True):
-            nvfp4_gemv._launch_half(x, packed, scale, scale_2, out, block_n, block_b, split_k, warps, loop, fp8=words == 3,
-                                    tiled=copies[0] if use_tiled else None)  # fmt: skip
-        if not (torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])):
-            raise SystemExit(f"{rows} x {cols}: the tile-major copy gives other bits than the row-major weights")
-        rounds: dict[bool, list[float]] = {False: [], True: []}
+        out = torch.full((1, rows), float("nan"), device="cuda", dtype=torch.bfloat16)
+        configs = [list(config[:7])] + (neighbours(config, rows, k_bytes // 8) if args.sweep else [])
+        forms = [(False, configs[0], None)]  # (tile-major, config, copies)
+        for c in configs:
+            copies = [nvfp4_gemv.tiled_gemv_weight(p, s, c[1], c[2] // 8) for p, s in weights]
+            try:
+                same = bit_equal(x, packed, scale, scale_2, c, copies[0])
+            except Exception as error:  # a neighbour that does not compile or launch (resources) is skipped, not fatal
+                if c is configs[0]:
+                    raise
+                print(f"  skipped {c}: {type(error).__name__}: {str(error)[:120]}", flush=True)
+                continue
+            if not same:
+                if c is configs[0]:
+                    raise SystemExit(f"{rows} x {cols} {c}: the tile-major copy gives other bits than the row-major weights")
+                print(f"  skipped {c}: tile-major bits differ from row-major", flush=True)
+                continue
+            forms.append((True, c, copies))
+        rounds: list[list[float]] = [[] for _ in forms]
         for _ in range(ROUNDS):
-            for use_tiled in (False, True):
+            for form, (use_tiled, c, copies) in enumerate(forms):
+                _, block_n, block_kb, split_k, warps, loop, words = c
 
                 def step(weights=weights, copies=copies):
                     for index in range(CALLS):
                         p, s = weights[index % count]
-                        nvfp4_gemv._launch_half(x, p, s, scale_2, outs[0], block_n, block_b, split_k, warps, loop, fp8=words == 3,
+                        nvfp4_gemv._launch_half(x, p, s, scale_2, out, block_n, block_kb // 8, split_k, warps, loop, fp8=words == 3,
                                                 tiled=copies[index % count] if use_tiled else None)  # fmt: skip
 
-                rounds[use_tiled].append(graph_seconds(step) * 1e6 / CALLS)
-        row_major, tile_major = min(rounds[False]), min(rounds[True])
-        records.append({"rows": rows, "k_bytes": k_bytes, "config": config, "row_major_us": row_major, "tile_major_us": tile_major,
-                        "ratio": tile_major / row_major, "rounds_us": {"row_major": rounds[False], "tile_major": rounds[True]}})  # fmt: skip
+                rounds[form].append(graph_seconds(step) * 1e6 / CALLS)
+        best = [min(r) for r in rounds]
+        row_major, tile_major = best[0], best[1]
+        record = {"rows": rows, "k_bytes": k_bytes, "config": config, "row_major_us": row_major, "tile_major_us": tile_major,
+                  "ratio": tile_major / row_major, "rounds_us": {"row_major": rounds[0], "tile_major": rounds[1]}}  # fmt: skip
         print(f"GEMV {rows} x {cols} {config}: row-major {row_major:6.2f} us, tile-major {tile_major:6.2f} us, "
               f"ratio {tile_major / row_major:.3f} (bit-equal)", flush=True)  # fmt: skip
+        if args.sweep:
+            record["sweep"] = [{"config": c, "tile_major_us": t, "rounds_us": r} for (_, c, _), t, r in zip(forms[1:], best[1:], rounds[1:], strict=True)]
+            fastest = min(record["sweep"], key=lambda item: item["tile_major_us"])
+            record["best_tiled"] = {"config": fastest["config"], "tile_major_us": fastest["tile_major_us"]}
+            for item in record["sweep"][1:]:
+                print(f"  tile-major {item['config']}: {item['tile_major_us']:6.2f} us ({item['tile_major_us'] / tile_major:.3f} of the committed tile)", flush=True)
+        records.append(record)
+        del weights, forms
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "tuning": str(path), "records": records}, indent=1))
 
 
