@@ -4,7 +4,8 @@
         [--sampling SAMPLING.json]
 
 - `--tiled` (`time_moe_tiled.py`): `moe_grouped_half.tiled` = 1 when the tile-major reads were bit-equal (the script
-  exits before writing otherwise) and at least 3% faster at every batch timed;
+  exits before writing otherwise) and at least 3% faster at every batch timed; with `--sweep` records and the copies on,
+  the plan change that beat the committed tile-major time by 3% or more at every batch (the fastest in total);
 - `--gemv-tiled` (`time_gemv_tiled.py`): `gemv_tiled` = 1 when the batch-1 GEMVs on tile-major copies were bit-equal
   and took at most 0.97 of the time in total over the shapes timed, and no shape got slower; with `--sweep` records, a
   shape whose fastest tile-major neighbour beat the committed tile by 3% or more gets that config written too;
@@ -55,6 +56,25 @@ def gemv_tiled_choice(path: Path) -> tuple[bool, dict[tuple[int, int], list[int]
     return wins, chosen if wins else {}
 
 
+def tiled_variant(path: Path) -> dict | None:
+    """The `--sweep` plan change whose tile-major time was at most MARGIN of the committed plan's at every batch timed
+    (the fastest in total among those), else None."""
+    records = json.loads(path.read_text())["records"]
+    totals: dict[str, float] = {}
+    changes: dict[str, dict] = {}
+    for key in {json.dumps(item["change"], sort_keys=True) for r in records for item in r.get("sweep", [])}:
+        times = []
+        for r in records:
+            found = [item["tile_major_us"] for item in r.get("sweep", []) if json.dumps(item["change"], sort_keys=True) == key]
+            times.append(found[0] / r["tile_major_us"] if found else float("inf"))
+        if records and all(t <= MARGIN for t in times):
+            totals[key] = sum(item["tile_major_us"] for r in records for item in r["sweep"] if json.dumps(item["change"], sort_keys=True) == key)
+            changes[key] = json.loads(key)
+    choice = changes[min(totals, key=totals.get)] if totals else None
+    print(f"grouped-half tile variants beating the committed plan by {1 - MARGIN:.0%} at every batch: {list(changes.values())}; taken: {choice}")
+    return choice
+
+
 def fused_wins(path: Path) -> bool:
     rows = json.loads(path.read_text())["rows"]
     ratios = {r["batch"]: round(r["fused_graph_seconds"] / r["selection_graph_seconds"], 3) for r in rows if "fused_graph_seconds" in r}
@@ -71,9 +91,11 @@ def main() -> None:
     parser.add_argument("--gemv-tiled", type=Path)
     parser.add_argument("--sampling", type=Path)
     args = parser.parse_args()
-    if args.tiled is not None and args.tiled.exists() and tiled_wins(args.tiled):
+    if args.tiled is not None and args.tiled.exists():
         settings = json.loads(args.tuning.read_text())["moe_grouped_half"]
-        write_setting(args.tuning, "moe_grouped_half", settings | {"tiled": 1})
+        if tiled_wins(args.tiled) or settings.get("tiled"):
+            change = tiled_variant(args.tiled)
+            write_setting(args.tuning, "moe_grouped_half", settings | (change or {}) | {"tiled": 1})
     if args.gemv_tiled is not None and args.gemv_tiled.exists():
         wins, chosen = gemv_tiled_choice(args.gemv_tiled)
         if wins:
