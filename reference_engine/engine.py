@@ -61,7 +61,8 @@ def _nvfp4_linears(model):
 def attach_tiled_copies(model, max_batch: int, decode_mode: str = "auto", use_triton: bool = True) -> int:
     """On CUDA with the Triton kernels, where the card's tuning asks for them: tile-major copies of every MoE block's
     experts for the grouped decode kernels (`moe_grouped_half.wants_tiled`, held by the blocks), and of the NVFP4
-    projections for the batch-1 GEMV (`nvfp4_gemv.TILED_COPIES`, kept by that module). Returns the bytes added."""
+    projections for the batch-1 GEMV (`nvfp4_gemv.TILED_COPIES`, kept by that module) and for the decode-batch GEMM's
+    tiles (`nvfp4_gemm.TILED_SMALL_M`, kept there too). Returns the bytes added."""
     device = torch.device(model.device)
     if decode_mode == "eager" or not use_triton or device.type != "cuda":
         return 0
@@ -69,7 +70,7 @@ def attach_tiled_copies(model, max_batch: int, decode_mode: str = "auto", use_tr
 
     if select_ops(str(device), use_triton=True).backends.get("moe_block_decode") != "triton":  # also applies the card's tuning
         return 0
-    from reference_engine.kernels import moe_grouped_half, nvfp4_gemv
+    from reference_engine.kernels import moe_grouped_half, nvfp4_gemm, nvfp4_gemv
 
     added = 0
     if moe_grouped_half.wants_tiled(max_batch):
@@ -79,6 +80,8 @@ def attach_tiled_copies(model, max_batch: int, decode_mode: str = "auto", use_tr
         added += model.nbytes() - before
     if nvfp4_gemv.TILED_COPIES:
         added += sum(nvfp4_gemv.register_tiled_copy(linear.weight_packed, linear.weight_scale) for linear in _nvfp4_linears(model))
+    if nvfp4_gemm.TILED_SMALL_M and max_batch >= nvfp4_gemv.GEMM_MIN_TOKENS:
+        added += sum(nvfp4_gemm.register_tiled_copies(linear.weight_packed, linear.weight_scale, max_batch) for linear in _nvfp4_linears(model))
     return added
 
 

@@ -1,7 +1,7 @@
 """Turn on, in a tuning file, the settings whose timing files (written earlier in the same GPU call) show them faster.
 
     PYTHONPATH=. python3 benchmarks/kernels/adopt_measured.py TUNING.json [--tiled TILED.json] [--gemv-tiled GEMV.json]
-        [--sampling SAMPLING.json]
+        [--gemm-tiled GEMM.json] [--sampling SAMPLING.json]
 
 - `--tiled` (`time_moe_tiled.py`): `moe_grouped_half.tiled` = 1 when the tile-major reads were bit-equal (the script
   exits before writing otherwise) and at least 3% faster at every batch timed; with `--sweep` records and the copies on,
@@ -9,6 +9,8 @@
 - `--gemv-tiled` (`time_gemv_tiled.py`): `gemv_tiled` = 1 when the batch-1 GEMVs on tile-major copies were bit-equal
   and took at most 0.97 of the time in total over the shapes timed, and no shape got slower; with `--sweep` records, a
   shape whose fastest tile-major neighbour beat the committed tile by 3% or more gets that config written too;
+- `--gemm-tiled` (`time_gemm_tiled.py`): `gemm_tiled` = 1 when the decode-batch GEMMs on tile-major copies were
+  bit-equal and took at most 0.97 of the time in total over the shapes and batches timed, and none got slower;
 - `--sampling` (`benchmarks/time_sampling.py`): `sampling_fused_select` = 1 when the fused selection drew the same
   tokens as the torch selection path at every batch and took less device time in graphs at every batch.
 
@@ -75,6 +77,17 @@ def tiled_variant(path: Path) -> dict | None:
     return choice
 
 
+def gemm_tiled_wins(path: Path) -> bool:
+    records = json.loads(path.read_text())["records"]
+    ratios = {f"{r['rows']}x{r['cols']}@{r['tokens']}": round(r["ratio"], 3) for r in records}
+    rows = sum(r["row_major_us"] for r in records)
+    tiles = sum(r["tile_major_us"] for r in records)
+    wins = bool(records) and tiles <= MARGIN * rows and all(r["ratio"] <= 1.0 for r in records)
+    print(f"GEMM tile-major / row-major by shape and batch {ratios}, in total {tiles / rows if rows else float('nan'):.3f}: "
+          f"{'adopted' if wins else 'not adopted'}")  # fmt: skip
+    return wins
+
+
 def fused_wins(path: Path) -> bool:
     rows = json.loads(path.read_text())["rows"]
     ratios = {r["batch"]: round(r["fused_graph_seconds"] / r["selection_graph_seconds"], 3) for r in rows if "fused_graph_seconds" in r}
@@ -89,6 +102,7 @@ def main() -> None:
     parser.add_argument("tuning", type=Path)
     parser.add_argument("--tiled", type=Path)
     parser.add_argument("--gemv-tiled", type=Path)
+    parser.add_argument("--gemm-tiled", type=Path)
     parser.add_argument("--sampling", type=Path)
     args = parser.parse_args()
     if args.tiled is not None and args.tiled.exists():
@@ -106,6 +120,8 @@ def main() -> None:
                     entry["config"] = config
             write_setting(args.tuning, "nvfp4_gemv", entries)
             write_setting(args.tuning, "gemv_tiled", 1)
+    if args.gemm_tiled is not None and args.gemm_tiled.exists() and gemm_tiled_wins(args.gemm_tiled):
+        write_setting(args.tuning, "gemm_tiled", 1)
     if args.sampling is not None and args.sampling.exists() and fused_wins(args.sampling):
         write_setting(args.tuning, "sampling_fused_select", 1)
 

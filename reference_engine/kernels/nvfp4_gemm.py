@@ -185,6 +185,28 @@ MOE_BLOCK_M_MAX = 64  # the routed experts' largest token block (16, 32 or 64; t
 MOE_GATE_UP_BLOCK_N = 64  # gate rows (and as many up rows) per program of the routed experts' first launch (64 or 128)
 SMALL_M_TOKENS = 64  # up to this many tokens a linear gets `_small_m_plan`
 SMALL_M_TUNED: dict[tuple[int, int, int], tuple[int, int, int]] = {}  # (block_m, rows, k) -> (block_n, num_warps, split_k), from the tuning file
+TILED_SMALL_M = False  # tuning key `gemm_tiled`: decode batches read tile-major copies of the linears (`register_tiled_copies`)
+
+
+def small_m_tiles(rows: int, k: int, max_tokens: int) -> set[tuple[int, int]]:
+    """The (rows, scale blocks per K step) tiles the decode-batch GEMM runs a [rows, k] bfloat16 linear with, for every
+    token block from the GEMM's first batch up to `max_tokens` (`_small_m_plan`, tuned entries included)."""
+    from reference_engine.kernels.nvfp4_gemv import GEMM_MIN_TOKENS
+
+    tiles = set()
+    for tokens in range(max(1, GEMM_MIN_TOKENS), min(max_tokens, SMALL_M_TOKENS) + 1):
+        p = plan("linear", tokens, rows, k)
+        tiles.add((p.block_n, p.block_kb // 8))
+    return tiles
+
+
+def register_tiled_copies(weight_packed: torch.Tensor, weight_scale: torch.Tensor, max_tokens: int) -> int:
+    """Tile-major copies of one NVFP4 linear for the decode-batch GEMM's tiles up to `max_tokens` (`small_m_tiles`),
+    kept with the GEMV's (`nvfp4_gemv.register_tiled_copy`, freed with the weight). Returns the bytes added."""
+    from reference_engine.kernels.nvfp4_gemv import register_tiled_copy
+
+    rows, k_bytes = weight_packed.shape
+    return sum(register_tiled_copy(weight_packed, weight_scale, tile) for tile in sorted(small_m_tiles(rows, 2 * k_bytes, max_tokens)))
 
 
 def _token_classes(p: GemmPlan) -> list[tuple[int, int]]:
@@ -509,13 +531,40 @@ def _x_tile(x_ptr, row_offsets, K_BYTES: tl.constexpr, byte0, BLOCK_KB: tl.const
 
 
 @triton.jit
+def _step_scales(scale_ptr, w_rows, pid_n, K_BYTES: tl.constexpr, byte0, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
+                 EVEN_K: tl.constexpr, TILED: tl.constexpr):
+    """The K step's block scales of the program's rows: `_scale_tile` of the row-major scales, or (TILED) the step's
+    contiguous [BLOCK_N, BLOCK_KB / 8] tile of the tile-major copy, read as a row-major matrix BLOCK_KB / 8 wide."""
+    if TILED:
+        tile = pid_n.to(tl.int64) * (K_BYTES // BLOCK_KB) + byte0 // BLOCK_KB
+        local = tl.arange(0, BLOCK_N).to(tl.int64)
+        return _scale_tile(scale_ptr + tile * (BLOCK_N * (BLOCK_KB // 8)), local, BLOCK_KB, 0, BLOCK_KB, True)
+    return _scale_tile(scale_ptr, w_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K)
+
+
+@triton.jit
+def _step_weights(packed_ptr, scale, w_rows, pid_n, K_BYTES: tl.constexpr, byte0, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
+                  EVEN_K: tl.constexpr, DOT_KIND: tl.constexpr, DECODE: tl.constexpr, TILED: tl.constexpr):
+    """The K step's decoded weight tile (`_scaled_tile`), from the row-major codes or (TILED) from the step's contiguous
+    [BLOCK_N, BLOCK_KB] tile of the tile-major copy (bytes, or int32 words with DECODE 1)."""
+    if TILED:
+        UNIT: tl.constexpr = 4 if DECODE == 1 else 1  # bytes per element of packed_ptr
+        tile = pid_n.to(tl.int64) * (K_BYTES // BLOCK_KB) + byte0 // BLOCK_KB
+        local = tl.arange(0, BLOCK_N).to(tl.int64)
+        return _scaled_tile(packed_ptr + tile * (BLOCK_N * BLOCK_KB // UNIT), scale, local, BLOCK_KB, 0, BLOCK_N, BLOCK_KB, True, DOT_KIND, DECODE)
+    return _scaled_tile(packed_ptr, scale, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+
+
+@triton.jit
 def _w4a16_gemm_kernel(
     x_ptr, packed_ptr, scale_ptr, scale_2_ptr, out_ptr, workspace_ptr, counter_ptr,
     M, N, stride_xm, stride_om,
     K_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KB: tl.constexpr,
     EVEN_K: tl.constexpr, ROW_SCALES: tl.constexpr, DOT_KIND: tl.constexpr, SPLIT_K: tl.constexpr, SPLIT_BYTES: tl.constexpr,
-    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0, SWAP: tl.constexpr = 0,
+    DECODE: tl.constexpr = 0, PREFETCH: tl.constexpr = 0, SWAP: tl.constexpr = 0, TILED: tl.constexpr = 0,
 ):
+    """TILED: packed_ptr and scale_ptr are a tile-major copy (`tiled_gemm_weight`) for (BLOCK_N, BLOCK_KB); the launch
+    guarantees whole row tiles and K steps."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -527,20 +576,21 @@ def _w4a16_gemm_kernel(
     if PREFETCH:  # x and the block scales of the next K step loaded before this step's decode and dot
         LAST: tl.constexpr = (SPLIT_BYTES - 1) // BLOCK_KB * BLOCK_KB  # the slice's last step (SPLIT_BYTES = K_BYTES without split-K)
         x_next = _x_tile(x_ptr, x_rows, K_BYTES, pid_k * SPLIT_BYTES, BLOCK_KB, EVEN_K, DOT_KIND)
-        s_next = _scale_tile(scale_ptr, w_rows, K_BYTES, pid_k * SPLIT_BYTES, BLOCK_KB, EVEN_K)
+        s_next = _step_scales(scale_ptr, w_rows, pid_n, K_BYTES, pid_k * SPLIT_BYTES, BLOCK_N, BLOCK_KB, EVEN_K, TILED)
         for step in range(0, SPLIT_BYTES, BLOCK_KB):
             byte0 = tl.multiple_of(pid_k * SPLIT_BYTES + step, BLOCK_KB)
             ahead = tl.multiple_of(pid_k * SPLIT_BYTES + tl.minimum(step + BLOCK_KB, LAST), BLOCK_KB)  # the last step reloads itself
             x, s = x_next, s_next
             x_next = _x_tile(x_ptr, x_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K, DOT_KIND)
-            s_next = _scale_tile(scale_ptr, w_rows, K_BYTES, ahead, BLOCK_KB, EVEN_K)
-            w = _scaled_tile(packed_ptr, s, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+            s_next = _step_scales(scale_ptr, w_rows, pid_n, K_BYTES, ahead, BLOCK_N, BLOCK_KB, EVEN_K, TILED)
+            w = _step_weights(packed_ptr, s, w_rows, pid_n, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, TILED)
             acc = _mma(x, w, acc, DOT_KIND, SWAP)
     else:
         for step in range(0, SPLIT_BYTES, BLOCK_KB):  # this program's K slice (all of K without split-K)
             byte0 = tl.multiple_of(pid_k * SPLIT_BYTES + step, BLOCK_KB)
             x = _x_tile(x_ptr, x_rows, K_BYTES, byte0, BLOCK_KB, EVEN_K, DOT_KIND)
-            w = _tile(packed_ptr, scale_ptr, w_rows, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE)
+            s = _step_scales(scale_ptr, w_rows, pid_n, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, TILED)
+            w = _step_weights(packed_ptr, s, w_rows, pid_n, K_BYTES, byte0, BLOCK_N, BLOCK_KB, EVEN_K, DOT_KIND, DECODE, TILED)
             acc = _mma(x, w, acc, DOT_KIND, SWAP)
     acc = _unswap(acc, SWAP)
     in_range = (tokens < M)[:, None] & (rows < N)[None, :]
@@ -589,10 +639,14 @@ def _check_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torc
         raise ValueError(f"out must be {x.dtype} [{x.shape[0]}, {rows}], got {out.dtype} {tuple(out.shape)}")
 
 
-def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2, out: torch.Tensor, gemm_plan: GemmPlan | None = None) -> torch.Tensor:
+def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, scale_2, out: torch.Tensor, gemm_plan: GemmPlan | None = None,
+               tiled: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:  # fmt: skip
     """`out [M, N] = x [M, K] @ W^T`, W [N, K] NVFP4 (`weight_packed [N, K/2]` uint8, `weight_scale [N, K/16]`
     float8_e4m3fn, `scale_2` one value or float32 [N] per row), float32 accumulation, in x's dtype.
-    `gemm_plan`: tile sizes other than `plan("linear", ...)` (benchmarks and tests)."""
+    `gemm_plan`: tile sizes other than `plan("linear", ...)` (benchmarks and tests). `tiled`: (words, scales) of a
+    tile-major copy for the plan's (block_n, block_kb / 8) (`nvfp4_gemv.tiled_gemv_weight`), read instead of the
+    row-major weight (the same bits out); without it a decode batch reads the copy registered for this very weight
+    when `TILED_SMALL_M` is on (`register_tiled_copies`)."""
     scale_2 = torch.as_tensor(scale_2, dtype=torch.float32, device=x.device)
     _check_gemm(x, weight_packed, weight_scale, scale_2, out)
     require_launchable(x, weight_packed, weight_scale, scale_2, out)
@@ -620,11 +674,21 @@ def w4a16_gemm(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
     decode = _decode(p)
     if decode not in (0, 1):
         raise ValueError(f"the linear GEMM decodes bytes (0) or words (1), got decode {decode}")
+    whole_tiles = even_k and rows % p.block_n == 0 and p.block_kb % 8 == 0
+    if tiled is None and TILED_SMALL_M and tokens <= SMALL_M_TOKENS and whole_tiles:
+        from reference_engine.kernels.nvfp4_gemv import tiled_copy
+
+        tiled = tiled_copy(weight_packed, p.block_n, p.block_kb // 8)
+    if tiled is not None and (not whole_tiles or tiled[0].numel() * 8 != rows * k_bytes):
+        raise ValueError(f"a tile-major GEMM copy needs whole tiles: N={rows} by {p.block_n} rows, {k_bytes} bytes a row by {p.block_kb} "
+                         f"without a ragged K slice, and {rows * k_bytes // 8} words (got {tiled[0].numel()})")  # fmt: skip
+    if tiled is not None:
+        packed, scale = tiled[0].view(torch.uint8), tiled[1]
     _w4a16_gemm_kernel[grid](
         x, _packed_operand(packed, decode), scale, scale_2, target, workspace, counters, tokens, rows, x.stride(0), target.stride(0),
         K_BYTES=k_bytes, BLOCK_M=p.block_m, BLOCK_N=p.block_n, BLOCK_KB=p.block_kb, EVEN_K=even_k,
         ROW_SCALES=row_scales, DOT_KIND=_dot_kind(x.dtype), SPLIT_K=p.split_k, SPLIT_BYTES=split_bytes, DECODE=decode,
-        PREFETCH=_prefetch(p, moe=False), SWAP=_swap(p, moe=False), num_warps=p.num_warps, num_stages=p.num_stages,
+        PREFETCH=_prefetch(p, moe=False), SWAP=_swap(p, moe=False), TILED=int(tiled is not None), num_warps=p.num_warps, num_stages=p.num_stages,
     )
     if target is not buffer:
         buffer.copy_(target)

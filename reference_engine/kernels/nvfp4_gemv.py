@@ -61,27 +61,33 @@ class _TiledCopy:
     block_b: int
 
 
-_COPIES: dict[int, _TiledCopy] = {}  # id(weight_packed) -> its copy; identity checked through the weak reference
+_COPIES: dict[tuple[int, int, int], _TiledCopy] = {}  # (id(weight_packed), block_n, block_b) -> its copy; identity checked through the weak reference
 
 
-def register_tiled_copy(weight_packed: torch.Tensor, weight_scale: torch.Tensor) -> int:
-    """Make and keep the tile-major copy the batch-1 packed-float16 GEMV will read for this weight, for its tuned tile
-    (`TUNED` entry at one token with WORDS 2 or 3, whole row tiles and K steps). Returns the bytes held (0: none made).
-    The weights must not change afterwards: the copy is made once (the engine calls this at start)."""
+def register_tiled_copy(weight_packed: torch.Tensor, weight_scale: torch.Tensor, tile: tuple[int, int] | None = None) -> int:
+    """Make and keep a tile-major copy of this weight for `tile` (rows, scale blocks per K step): by default the tuned
+    tile of the batch-1 packed-float16 GEMV (`TUNED` entry at one token with WORDS 2 or 3); the decode-batch GEMM
+    passes its own (`nvfp4_gemm.register_tiled_copies`). Returns the bytes held (0: no copy, for want of a tuned tile,
+    of whole row tiles and K steps, or of a contiguous 8-byte aligned weight). The weights must not change afterwards:
+    the copy is made once (the engine calls this at start)."""
     rows, k_bytes = weight_packed.shape
-    config = TUNED.get((1, rows, k_bytes))
-    if config is None or len(config) < 7 or config[6] not in (2, 3) or not weight_packed.is_contiguous() or weight_packed.storage_offset() % 8:
+    if tile is None:
+        config = TUNED.get((1, rows, k_bytes))
+        if config is None or len(config) < 7 or config[6] not in (2, 3):
+            return 0
+        tile = (config[1], config[2] // 8)
+    block_n, block_b = tile
+    if not weight_packed.is_contiguous() or weight_packed.storage_offset() % 8 or rows % block_n or (k_bytes // 8) % block_b:
         return 0
-    block_n, block_b = config[1], config[2] // 8
-    if rows % block_n or (k_bytes // 8) % block_b:
-        return 0
+    key = (id(weight_packed), block_n, block_b)
+    if key in _COPIES and _COPIES[key].weight() is weight_packed:
+        return 0  # already held
     words, scales = tiled_gemv_weight(weight_packed, weight_scale, block_n, block_b)
-    key = id(weight_packed)
     _COPIES[key] = _TiledCopy(weakref.ref(weight_packed, lambda ref, key=key: _drop(ref, key)), words, scales, block_n, block_b)
     return words.numel() * words.element_size() + scales.numel() * scales.element_size()
 
 
-def _drop(ref: weakref.ref, key: int) -> None:
+def _drop(ref: weakref.ref, key: tuple[int, int, int]) -> None:
     """A registered weight died: free its copy (unless the key already holds another weight's copy)."""
     entry = _COPIES.get(key)
     if entry is not None and entry.weight is ref:
@@ -92,14 +98,17 @@ def clear_tiled_copies() -> None:
     _COPIES.clear()
 
 
-def _tiled_copy(weight_packed: torch.Tensor, block_n: int, block_b: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+def tiled_copy(weight_packed: torch.Tensor, block_n: int, block_b: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The registered copy of this very tensor for this tile, else None (then the row-major weight is read)."""
-    if not TILED_COPIES:
-        return None
-    copy = _COPIES.get(id(weight_packed))
-    if copy is None or copy.weight() is not weight_packed or (copy.block_n, copy.block_b) != (block_n, block_b):
+    copy = _COPIES.get((id(weight_packed), block_n, block_b))
+    if copy is None or copy.weight() is not weight_packed:
         return None
     return copy.words, copy.scales
+
+
+def _tiled_copy(weight_packed: torch.Tensor, block_n: int, block_b: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The batch-1 GEMV's copy: `tiled_copy` while `TILED_COPIES` is on."""
+    return tiled_copy(weight_packed, block_n, block_b) if TILED_COPIES else None
 
 
 @triton.jit

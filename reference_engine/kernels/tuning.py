@@ -18,7 +18,8 @@ decode head, `gdn_step_fused_conv` 1 the step in one launch (the conv inside the
 `benchmarks/kernels/time_gdn_fused_conv.py`) at every batch, `gdn_step_fused_conv_max_batch` up to that batch,
 `gdn_step_state_first` 1 its recurrent launch issuing the state tile's load first (`benchmarks/kernels/time_gdn_state_first.py`).
 `gdn_ba_side_max_batch` runs the GDN b/a projection on a side stream up to that decode batch (`kernels/side_stream.py`). `gemv_words` sets the word reads
-for shapes without an entry; `gemv_tiled` 1 keeps tile-major copies of the batch-1 GEMVs' weights (`benchmarks/kernels/time_gemv_tiled.py`); `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
+for shapes without an entry; `gemv_tiled` 1 keeps tile-major copies of the batch-1 GEMVs' weights (`benchmarks/kernels/time_gemv_tiled.py`), `gemm_tiled` 1 those of
+the decode-batch GEMM's tiles (`benchmarks/kernels/time_gemm_tiled.py`); `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
 (`benchmarks/kernels/time_decode_pieces.py` measures them at batches 1 to 64); `router_rows` / `router_warps` that one
@@ -161,6 +162,7 @@ class TuningFile(BaseModel):
     moe_decode_batch_one: MoeSettings | None = None  # one token (the tiles that fill the GPU at batch 1 differ)
     gemv_words: int | None = Field(default=None, ge=0, le=3)
     gemv_tiled: int | None = Field(default=None, ge=0, le=1)  # 1: the engine keeps tile-major copies of the batch-1 GEMVs' weights
+    gemm_tiled: int | None = Field(default=None, ge=0, le=1)  # 1: ... and of the linears for the decode-batch GEMM's tiles
     gemm_min_tokens: int | None = Field(default=None, ge=2, le=65)
     gdn_step_split_below: int | None = Field(default=None, ge=0)  # split GDN decode heads below this many (row, head) pairs (0: never)
     gdn_step_split: int | None = Field(default=None, ge=2, le=32)  # programs per split head
@@ -237,6 +239,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
         nvfp4_gemv.WORDS = tuning.gemv_words
     if tuning.gemv_tiled is not None:
         nvfp4_gemv.TILED_COPIES = bool(tuning.gemv_tiled)
+    if tuning.gemm_tiled is not None:
+        nvfp4_gemm.TILED_SMALL_M = bool(tuning.gemm_tiled)
     for value, module, name in ((tuning.gdn_step_split_below, gdn_decode_step, "STEP_SPLIT_BELOW"), (tuning.gdn_step_split, gdn_decode_step, "STEP_SPLIT"),
                                 (None if tuning.gdn_step_fused_conv is None else bool(tuning.gdn_step_fused_conv), gdn_decode_step, "FUSED_CONV"),
                                 (tuning.gdn_step_fused_conv_max_batch, gdn_decode_step, "FUSED_CONV_MAX_BATCH"),

@@ -116,12 +116,14 @@ expected = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
 nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, expected)
 assert nvfp4_gemv.register_tiled_copy(packed[:48], scale[:48]) == 0  # no tuned tile for 48 rows: no copy
 assert nvfp4_gemv.register_tiled_copy(packed, scale) == packed.numel() + scale.numel()
+assert nvfp4_gemv.register_tiled_copy(packed, scale, (32, 8)) > 0  # another tile of the same weight: held apart, not read here
 nvfp4_gemv.TILED_COPIES = True
 through_copy = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
 nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, through_copy)
 assert torch.equal(through_copy, expected), "the registered copy gives other bits"
-entry = nvfp4_gemv._COPIES[id(packed)]  # poison the copy: the op must now miss, which shows it reads the copy
-nvfp4_gemv._COPIES[id(packed)] = nvfp4_gemv._TiledCopy(entry.weight, packed.view(torch.int64).reshape(-1), scale.reshape(-1), entry.block_n, entry.block_b)
+assert nvfp4_gemv.register_tiled_copy(packed, scale) == 0, "a second copy of the same tile was made"
+entry = nvfp4_gemv._COPIES[(id(packed), 16, 4)]  # poison the copy: the op must now miss, which shows it reads the copy
+nvfp4_gemv._COPIES[(id(packed), 16, 4)] = nvfp4_gemv._TiledCopy(entry.weight, packed.view(torch.int64).reshape(-1), scale.reshape(-1), entry.block_n, entry.block_b)
 poisoned = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
 nvfp4_gemv.w4a16_linear(x, packed, scale, scale_2, poisoned)
 assert float((poisoned.double() - expected.double()).norm() / expected.double().norm()) > 0.1, "the registered copy was not read"
