@@ -5,7 +5,9 @@
 
 - `--tiled` (`time_moe_tiled.py`): `moe_grouped_half.tiled` = 1 when the tile-major reads were bit-equal (the script
   exits before writing otherwise) and at least 3% faster at every batch timed; with `--sweep` records and the copies on,
-  the plan change that beat the committed tile-major time by 3% or more at every batch (the fastest in total);
+  the plan change that beat the committed tile-major time by 3% or more at every batch (the fastest in total); with
+  `--per-pair` records, `min_tokens` lowered to the smallest batch from which the grouped kernels beat the per-pair
+  ones by 3% or more at every batch timed below the old bound;
 - `--gemv-tiled` (`time_gemv_tiled.py`): `gemv_tiled` = 1 when the batch-1 GEMVs on tile-major copies were bit-equal
   and took at most 0.97 of the time in total over the shapes timed, and no shape got slower; with `--sweep` records, a
   shape whose fastest tile-major neighbour beat the committed tile by 3% or more gets that config written too;
@@ -88,6 +90,22 @@ def gemm_tiled_wins(path: Path) -> bool:
     return wins
 
 
+def grouped_min_tokens(path: Path, current: int | None) -> int | None:
+    """The smallest batch timed (`--per-pair` records) from which the grouped kernels on the tile-major copies took at
+    most MARGIN of the per-pair kernels' time at every batch timed up to `current` (the file's `min_tokens`); None
+    when no smaller batch qualifies."""
+    records = sorted((r for r in json.loads(path.read_text())["records"] if "per_pair_us" in r), key=lambda r: r["tokens"])
+    below = [r for r in records if current is None or r["tokens"] < current]
+    ratios = {r["tokens"]: round(r["tile_major_us"] / r["per_pair_us"], 3) for r in records}
+    choice = None
+    for r in reversed(below):  # from the largest batch below `current` down, while each one wins
+        if r["tile_major_us"] > MARGIN * r["per_pair_us"]:
+            break
+        choice = r["tokens"]
+    print(f"grouped (tile-major) / per-pair by batch {ratios}: min_tokens {current} -> {choice if choice is not None else current}")
+    return choice
+
+
 def fused_wins(path: Path) -> bool:
     rows = json.loads(path.read_text())["rows"]
     ratios = {r["batch"]: round(r["fused_graph_seconds"] / r["selection_graph_seconds"], 3) for r in rows if "fused_graph_seconds" in r}
@@ -109,7 +127,8 @@ def main() -> None:
         settings = json.loads(args.tuning.read_text())["moe_grouped_half"]
         if tiled_wins(args.tiled) or settings.get("tiled"):
             change = tiled_variant(args.tiled)
-            write_setting(args.tuning, "moe_grouped_half", settings | (change or {}) | {"tiled": 1})
+            lowest = grouped_min_tokens(args.tiled, settings.get("min_tokens"))
+            write_setting(args.tuning, "moe_grouped_half", settings | (change or {}) | {"tiled": 1} | ({"min_tokens": lowest} if lowest else {}))
     if args.gemv_tiled is not None and args.gemv_tiled.exists():
         wins, chosen = gemv_tiled_choice(args.gemv_tiled)
         if wins:

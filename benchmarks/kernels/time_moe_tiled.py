@@ -1,6 +1,6 @@
 """Time the grouped MoE decode experts reading tile-major copies of the weights against the row-major stack.
 
-    PYTHONPATH=. python3 benchmarks/kernels/time_moe_tiled.py OUT.json [--tokens 16,32,64] [--sweep]
+    PYTHONPATH=. python3 benchmarks/kernels/time_moe_tiled.py OUT.json [--tokens 16,32,64] [--sweep] [--per-pair]
 
 `moe_grouped_half` under the committed plan (this card's tuning file), at the real layer (E=256, H=2048, I=512, top-8
 plus the shared expert, NVFP4; `time_moe_decode.layer`, four copies cycled in a CUDA graph so every call streams its
@@ -12,6 +12,12 @@ are timed alternately, three rounds each, and each form's fastest round counts (
 each batch also times tile-major copies made for the plans of `VARIANTS` (each checked bit-equal to row-major reads
 under the same plan), in the same rounds. Records get `sweep` (plan fields changed, us); `adopt_measured.py --tiled`
 takes the variant that beat the committed plan's tile-major time by 3% or more at every batch, the fastest in total.
+
+`--per-pair`: also times, in the same rounds, the per-pair kernels (`moe_decode.nvfp4_experts_with_shared` under
+the committed `moe_decode` settings) that batches below `moe_grouped_half`'s `min_tokens` run, on the same inputs
+(another summation order: their output must agree within bfloat16 rounding). Records get `per_pair_us`;
+`adopt_measured.py --tiled` lowers `min_tokens` to the smallest batch timed from which the grouped kernels on the
+copies beat the per-pair ones by 3% or more at every batch timed.
 """
 
 # ruff: noqa: B023 - `step` is captured and replayed within the loop iteration that made it
@@ -29,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_moe_decode import COPIES, TOP_K, E, H, layer
 
 from reference_engine.bench.timing import graph_seconds
+from reference_engine.kernels import moe_decode
 from reference_engine.kernels import moe_grouped_half as half
 from reference_engine.kernels.tuning import apply_for_cuda
 
@@ -57,6 +64,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--tokens", default="16,32,64")
     parser.add_argument("--sweep", action="store_true", help="also time tile-major copies for the plans of VARIANTS")
+    parser.add_argument("--per-pair", action="store_true", help="also time the per-pair kernels of the smaller batches")
     args = parser.parse_args()
     torch.manual_seed(0)
     apply_for_cuda()
@@ -98,6 +106,21 @@ def main() -> None:
                     continue
                 raise SystemExit(f"T={tokens}: the tile-major copies give other bits than the row-major reads")
             forms.append((plan, tiled, change))
+        def per_pair(index: int, out: torch.Tensor) -> None:
+            experts, shared, _ = layers[index % COPIES]
+            x, ids, weights = inputs[index % COPIES]
+            moe_decode.nvfp4_experts_with_shared(x, weights, ids, experts, shared, out)
+
+        pair_rounds: list[float] = []
+        agreement = None
+        if args.per_pair:
+            grouped_out = torch.full((tokens, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+            call(1, committed, None, grouped_out)
+            pair_out = torch.full((tokens, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+            per_pair(1, pair_out)
+            agreement = float((pair_out.double() - grouped_out.double()).norm() / grouped_out.double().norm())
+            if not (torch.isfinite(pair_out).all() and agreement < 1e-2):
+                raise SystemExit(f"T={tokens}: the per-pair kernels and the grouped ones disagree ({agreement:.3g})")
         rounds: list[list[float]] = [[] for _ in forms]
         for _ in range(ROUNDS):
             for form, (plan, tiled, _) in enumerate(forms):
@@ -107,11 +130,22 @@ def main() -> None:
                         call(index, plan, tiled, outs[index % COPIES])
 
                 rounds[form].append(graph_seconds(step) * 1e6 / CALLS)
+            if args.per_pair:
+
+                def pair_step():
+                    for index in range(CALLS):
+                        per_pair(index, outs[index % COPIES])
+
+                pair_rounds.append(graph_seconds(pair_step) * 1e6 / CALLS)
         best = [min(r) for r in rounds]
         rows, tiles = best[0], best[1]
         record = {"tokens": tokens, "plan": vars(committed), "row_major_us": rows, "tile_major_us": tiles, "ratio": tiles / rows,
                   "rounds_us": {"row_major": rounds[0], "tile_major": rounds[1]}}  # fmt: skip
         print(f"T={tokens:2d}: row-major {rows:7.1f} us, tile-major {tiles:7.1f} us, ratio {tiles / rows:.3f} (bit-equal)", flush=True)
+        if args.per_pair:
+            record |= {"per_pair_us": min(pair_rounds), "per_pair_rounds_us": pair_rounds, "per_pair_relative_difference": agreement}
+            print(f"  per-pair kernels {min(pair_rounds):7.1f} us (grouped tile-major / per-pair {tiles / min(pair_rounds):.3f}; "
+                  f"outputs within {agreement:.2g})", flush=True)  # fmt: skip
         if args.sweep:
             record["sweep"] = [{"change": change, "tile_major_us": t, "rounds_us": r} for (_, _, change), t, r in zip(forms[2:], best[2:], rounds[2:], strict=True)]
             for item in record["sweep"]:
