@@ -41,7 +41,7 @@ def tiled_wins(path: Path) -> bool:
 def gemv_tiled_choice(path: Path) -> tuple[bool, dict[tuple[int, int], list[int]]]:
     """(adopt the copies?, {(rows, k_bytes): a neighbour's config to write}). Each shape counts its fastest tile-major
     config: a `--sweep` neighbour only when it beat the committed tile by MARGIN, else the committed one."""
-    records = json.loads(path.read_text())["records"]
+    records = [r for r in json.loads(path.read_text())["records"] if not r.get("lm_head")]  # the LM head: information only
     chosen: dict[tuple[int, int], list[int]] = {}
     tiles = 0.0
     ratios = {}

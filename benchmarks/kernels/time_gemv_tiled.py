@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python3 benchmarks/kernels/time_gemv_tiled.py OUT.json [--tuning FILE] [--sweep]
 
-For each batch-1 GEMV of the tuning file (default: this card's, else the H200's; the LM head left out) that runs the
+For each batch-1 GEMV of the tuning file (default: this card's, else the H200's; the NVFP4 LM head only with
+`--lm-head`, recorded with `lm_head` true and left out of `adopt_measured.py`'s rule) that runs the
 packed-float16 kernel (WORDS 2 or 3): random NVFP4 weights at that shape, copied until a graph of calls streams more
 than the L2 (as in a decode step), and their tile-major copies for the committed tile (`nvfp4_gemv.tiled_gemv_weight`).
 The outputs must be bit-equal before either form is timed. The two forms alternate over three rounds; each form's
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--tuning", default=None, help="tuning file (default: this card's, else the H200's)")
     parser.add_argument("--sweep", action="store_true", help="also time tile-major copies for neighbouring tiles")
+    parser.add_argument("--lm-head", action="store_true", help="also time the NVFP4 LM head's shape (recorded apart: `lm_head`)")
     args = parser.parse_args()
     path = Path(args.tuning) if args.tuning else tuning.tuning_path(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
     entries = json.loads(Path(path).read_text())["nvfp4_gemv"]
@@ -79,7 +81,7 @@ def main() -> None:
     records = []
     for entry in entries:
         tokens, rows, k_bytes, config = entry["tokens"], entry["rows"], entry["k_bytes"], entry["config"]
-        if tokens != 1 or rows > 65536 or len(config) < 7 or config[6] not in (2, 3):
+        if tokens != 1 or (rows > 65536 and not args.lm_head) or len(config) < 7 or config[6] not in (2, 3):
             continue
         cols = 2 * k_bytes
         packed, scale, scale_2 = quantize_nvfp4(torch.randn(rows, cols, device="cuda") * cols**-0.5)
@@ -87,7 +89,7 @@ def main() -> None:
         weights = [(packed, scale)] + [(packed.clone(), scale.clone()) for _ in range(count - 1)]
         x = torch.randn(1, cols, device="cuda").bfloat16()
         out = torch.full((1, rows), float("nan"), device="cuda", dtype=torch.bfloat16)
-        configs = [list(config[:7])] + (neighbours(config, rows, k_bytes // 8) if args.sweep else [])
+        configs = [list(config[:7])] + (neighbours(config, rows, k_bytes // 8) if args.sweep and rows <= 65536 else [])
         forms = [(False, configs[0], None)]  # (tile-major, config, copies)
         for c in configs:
             copies = [nvfp4_gemv.tiled_gemv_weight(p, s, c[1], c[2] // 8) for p, s in weights]
@@ -118,7 +120,7 @@ def main() -> None:
                 rounds[form].append(graph_seconds(step) * 1e6 / CALLS)
         best = [min(r) for r in rounds]
         row_major, tile_major = best[0], best[1]
-        record = {"rows": rows, "k_bytes": k_bytes, "config": config, "row_major_us": row_major, "tile_major_us": tile_major,
+        record = {"rows": rows, "k_bytes": k_bytes, "config": config, "lm_head": rows > 65536, "row_major_us": row_major, "tile_major_us": tile_major,
                   "ratio": tile_major / row_major, "rounds_us": {"row_major": rounds[0], "tile_major": rounds[1]}}  # fmt: skip
         print(f"GEMV {rows} x {cols} {config}: row-major {row_major:6.2f} us, tile-major {tile_major:6.2f} us, "
               f"ratio {tile_major / row_major:.3f} (bit-equal)", flush=True)  # fmt: skip

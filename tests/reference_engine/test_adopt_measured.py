@@ -57,6 +57,7 @@ def test_gemv_copies_and_a_faster_neighbour_are_written(adopt, tmp_path, monkeyp
     after = _run(adopt, tmp_path, monkeypatch, drop=("gemv_tiled",), gemv_tiled={"records": [
         _gemv(12288, 1024, committed, 11.0, 9.7, (neighbour, 9.0)),  # 0.928 of the committed tile: taken
         _gemv(2048, 2048, [1, 64, 64, 16, 4, 0, 2], 6.2, 5.9, ([1, 64, 64, 16, 4, 1, 2], 5.8)),  # 0.983: not taken
+        _gemv(248320, 1024, [1, 64, 64, 1, 4, 0, 2], 100.0, 120.0) | {"lm_head": True},  # information only: does not block
     ]})
     assert after["gemv_tiled"] == 1
     entries = {e["rows"]: e["config"] for e in after["nvfp4_gemv"]}
