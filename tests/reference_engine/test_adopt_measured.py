@@ -26,13 +26,14 @@ def adopt():
     return module
 
 
-def _run(adopt, tmp_path: Path, monkeypatch, drop: tuple[str, ...] = (), **records) -> dict:
-    """Run the script's main on a copy of the tuning file (without the keys in `drop`) with the given records files;
-    returns the file after."""
+def _run(adopt, tmp_path: Path, monkeypatch, drop: tuple[str, ...] = (), grouped: dict | None = None, **records) -> dict:
+    """Run the script's main on a copy of the tuning file (without the keys in `drop`, `moe_grouped_half` updated
+    with `grouped`) with the given records files; returns the file after."""
     tuning = tmp_path / "tuning.json"
     shutil.copy(TUNING, tuning)
-    document = json.loads(tuning.read_text())
-    tuning.write_text(json.dumps({k: v for k, v in document.items() if k not in drop}))
+    document = {k: v for k, v in json.loads(tuning.read_text()).items() if k not in drop}
+    document["moe_grouped_half"] |= grouped or {}
+    tuning.write_text(json.dumps(document))
     argv = ["adopt_measured.py", str(tuning)]
     for flag, content in records.items():
         path = tmp_path / f"{flag}.json"
@@ -93,9 +94,7 @@ def test_grouped_variant_must_win_at_every_batch(adopt, tmp_path, monkeypatch):
 
 
 def test_min_tokens_drops_only_through_batches_that_all_win(adopt, tmp_path, monkeypatch):
-    current = json.loads(TUNING.read_text())["moe_grouped_half"]["min_tokens"]
-    assert current == 16  # the records below assume the committed bound
-    after = _run(adopt, tmp_path, monkeypatch, tiled={"records": [
+    after = _run(adopt, tmp_path, monkeypatch, grouped={"min_tokens": 16}, tiled={"records": [
         _grouped(2, 50, 48, per_pair_us=45),  # per-pair faster: the bound stops above 2
         _grouped(4, 60, 50, per_pair_us=60),
         _grouped(8, 80, 60, per_pair_us=75),
@@ -103,12 +102,14 @@ def test_min_tokens_drops_only_through_batches_that_all_win(adopt, tmp_path, mon
         _grouped(16, 120, 100, per_pair_us=150),
     ]})
     assert after["moe_grouped_half"]["min_tokens"] == 4
-    after = _run(adopt, tmp_path, monkeypatch, tiled={"records": [
+    after = _run(adopt, tmp_path, monkeypatch, grouped={"min_tokens": 16}, tiled={"records": [
         _grouped(4, 60, 50, per_pair_us=60),
         _grouped(8, 80, 79, per_pair_us=80),  # within the margin: no batch below 16 qualifies past it
         _grouped(12, 95, 70, per_pair_us=90),
     ]})
     assert after["moe_grouped_half"]["min_tokens"] == 12
+    after = _run(adopt, tmp_path, monkeypatch, grouped={"min_tokens": 16}, tiled={"records": [_grouped(8, 80, 79, per_pair_us=80)]})
+    assert after["moe_grouped_half"]["min_tokens"] == 16  # no batch wins: the bound stays
 
 
 def test_gemm_copies_need_every_shape_and_batch(adopt, tmp_path, monkeypatch):
