@@ -47,22 +47,23 @@ def default_num_blocks(model, config: EngineConfig) -> int:
     return int(min(wanted, affordable))
 
 
-def _nvfp4_linears(model):
-    """The model's NVFP4 projections the batch-1 GEMV reads: each layer's mixer linears (stacked ones included) and
-    the LM head."""
+def _nvfp4_linears(model, lm_head: bool = True):
+    """The model's NVFP4 projections the batch-1 GEMV reads: each layer's mixer linears (stacked ones included) and,
+    with `lm_head`, an NVFP4 LM head."""
     for layer in model.layers:
         for value in vars(layer.mixer).values():
             if getattr(value, "weight_packed", None) is not None:
                 yield value
-    if getattr(model.lm_head, "weight_packed", None) is not None:
+    if lm_head and getattr(model.lm_head, "weight_packed", None) is not None:
         yield model.lm_head
 
 
 def attach_tiled_copies(model, max_batch: int, decode_mode: str = "auto", use_triton: bool = True) -> int:
     """On CUDA with the Triton kernels, where the card's tuning asks for them: tile-major copies of every MoE block's
-    experts for the grouped decode kernels (`moe_grouped_half.wants_tiled`, held by the blocks), and of the NVFP4
-    projections for the batch-1 GEMV (`nvfp4_gemv.TILED_COPIES`, kept by that module) and for the decode-batch GEMM's
-    tiles (`nvfp4_gemm.TILED_SMALL_M`, kept there too). Returns the bytes added."""
+    experts for the grouped decode kernels (`moe_grouped_half.wants_tiled`, held by the blocks), and of the layers'
+    NVFP4 projections for the batch-1 GEMV (`nvfp4_gemv.TILED_COPIES`, kept by that module) and for the decode-batch
+    GEMM's tiles (`nvfp4_gemm.TILED_SMALL_M`, kept there too); not of an NVFP4 LM head, whose GEMV on a copy is untimed.
+    Returns the bytes added."""
     device = torch.device(model.device)
     if decode_mode == "eager" or not use_triton or device.type != "cuda":
         return 0
@@ -78,10 +79,10 @@ def attach_tiled_copies(model, max_batch: int, decode_mode: str = "auto", use_tr
         for layer in model.layers:
             layer.mlp.attach_tiled(moe_grouped_half.tile_experts)
         added += model.nbytes() - before
-    if nvfp4_gemv.TILED_COPIES:
-        added += sum(nvfp4_gemv.register_tiled_copy(linear.weight_packed, linear.weight_scale) for linear in _nvfp4_linears(model))
+    if nvfp4_gemv.TILED_COPIES:  # not the NVFP4 LM head's: its GEMV on a copy is untimed (`time_gemv_tiled.py --lm-head`)
+        added += sum(nvfp4_gemv.register_tiled_copy(linear.weight_packed, linear.weight_scale) for linear in _nvfp4_linears(model, lm_head=False))
     if nvfp4_gemm.TILED_SMALL_M and max_batch >= nvfp4_gemv.GEMM_MIN_TOKENS:
-        added += sum(nvfp4_gemm.register_tiled_copies(linear.weight_packed, linear.weight_scale, max_batch) for linear in _nvfp4_linears(model))
+        added += sum(nvfp4_gemm.register_tiled_copies(linear.weight_packed, linear.weight_scale, max_batch) for linear in _nvfp4_linears(model, lm_head=False))
     return added
 
 

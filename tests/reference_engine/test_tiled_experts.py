@@ -80,3 +80,16 @@ def test_engine_attaches_nothing_off_cuda():
     model = build_preset("tiny", dtype=torch.bfloat16, quantize="nvfp4", seed=2)
     assert attach_tiled_copies(model, 64) == 0
     assert all(layer.mlp.experts.stacked.tiled is None for layer in model.layers)
+
+
+def test_gemv_copies_leave_out_an_nvfp4_lm_head():
+    """The engine registers batch-1 GEMV copies for the layers' projections, not for an NVFP4 LM head (its GEMV on a
+    copy is untimed): `_nvfp4_linears(lm_head=False)` lists every projection but the head."""
+    from reference_engine.engine import _nvfp4_linears
+
+    model = build_preset("tiny", dtype=torch.bfloat16, quantize="nvfp4", lm_head_quantize=True, seed=2)
+    every = list(_nvfp4_linears(model))
+    layers_only = list(_nvfp4_linears(model, lm_head=False))
+    assert any(linear is model.lm_head for linear in every)
+    assert not any(linear is model.lm_head for linear in layers_only)
+    assert len(layers_only) == len(every) - 1 and len(layers_only) >= len(model.layers)
