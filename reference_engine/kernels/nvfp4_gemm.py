@@ -67,6 +67,9 @@ Options the tuning file switches (each measured on the H200, `benchmarks/NOTES.m
   their registers, `split_m` / `GLUON_SPLIT_M` runs blocks with few tokens in a narrower launch). run49: the whole
   experts op at 1024 tokens 378.7 us with both (64 tokens, 64 gate/up rows) against 475.8 for the Triton launches at
   the session's start; on in the H200 tuning file, with the 32-token class since run54 (run51: 377.9 -> 366.9 us).
+- `gemm_tiled` (`TILED_SMALL_M`): decode batches read tile-major copies of the linears (`register_tiled_copies`, each
+  K step's [BLOCK_N, BLOCK_KB] tile contiguous; `TILED` in `_w4a16_gemm_kernel`, same bits). run76 (H100): 1.14 to
+  1.20x slower at 32 tokens, 0.95 to 1.00 at 8 and 64; off.
 """
 
 from __future__ import annotations
