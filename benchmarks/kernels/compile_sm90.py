@@ -30,6 +30,7 @@ from reference_engine.kernels import (
     moe_block_persistent,
     moe_decode,
     moe_grouped_half,
+    moe_pairs_fused,
     norms,
     nvfp4_dequant,
     nvfp4_gemv,
@@ -135,6 +136,14 @@ def configs():
         yield f"moe block persistent {gbn}/{dbh} loop={loop} warps={warps}", moe_block_persistent._moe_block_persistent_kernel, persistent_sig, {
             "E": 256, "H": 2048, "I": 512, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "ROUTER_ROWS": 2, "ROUTER_BLOCK_H": 2048, "GU_BLOCK_N": gbn, "GU_BLOCK_K": 256,
             "DOWN_BLOCK_H": dbh, "DOWN_BLOCK_I": 256, "LOOP": loop, "DECODE": 3, "PHASE": 0, "PROGRAMS": 132, "num_warps": warps}  # fmt: skip
+
+    fused_sig = {"x32_ptr": "*i32", "ids_ptr": "*i32", "weights_ptr": "*fp32",
+                 **{f"{prefix}{name}": kind for prefix in ("gu", "d", "sgu", "sd") for name, kind in (("_w_ptr", "*i64"), ("_scale_ptr", "*fp8e4nv"), ("_s2_ptr", "*fp32"))},
+                 "act_ptr": "*bf16", "act32_ptr": "*i32", "out_ptr": "*bf16", "counter_ptr": "*i32", "T": I32}  # fmt: skip
+    for gbn, gbk, loop, rows, warps in ((8, 256, 3, 8, 4), (8, 256, 3, 4, 4), (8, 256, 3, 16, 4), (32, 64, 0, 8, 4), (8, 256, 3, 8, 8)):  # time_moe_pairs_fused's forms
+        yield f"moe pairs fused {gbn}/{gbk} loop={loop} down rows={rows} warps={warps}", moe_pairs_fused._fused_pairs_kernel, fused_sig, {
+            "H": 2048, "I": 512, "TOP_K": 8, "BLOCK_K": 8, "GU_BLOCK_N": gbn, "GU_BLOCK_K": gbk, "LOOP": loop, "DECODE": 5, "BLOCK_H": rows,
+            "ROUND_BF16": False, "num_warps": warps}  # fmt: skip
 
 
 def _registers(compiled) -> str:

@@ -46,6 +46,7 @@ from reference_engine.kernels.launch import (
     staging_buffer,
     ticket_counters,
 )
+from reference_engine.kernels.norms import _round_to_bf16
 from reference_engine.kernels.nvfp4_gemv import _decode_e2m1, _e2m1_word_pair
 from reference_engine.kernels.nvfp4_half_dot import _half_rows_dot
 from reference_engine.kernels.router import (
@@ -168,9 +169,21 @@ def _gate_up_kernel(
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
 ):
+    _gate_up_program(tl.program_id(0), tl.program_id(1), x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H, I, TOP_K, WEIGHT_NVFP4, BLOCK_N,
+                     BLOCK_K, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED, LOOP, DECODE)  # fmt: skip
+
+
+@triton.jit
+def _gate_up_program(
+    pair, row_block, x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
+    TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED: tl.constexpr, LOOP: tl.constexpr, DECODE: tl.constexpr,
+    ROUND_BF16: tl.constexpr = False,
+):
+    """act[pair, rows] = silu(gate) * up for the pair p = t * SLOTS + j and gate rows row_block * BLOCK_N.. (module
+    docstring, launch 1). ROUND_BF16: round the activation to bfloat16 in float32 first (the interpreter's store truncates)."""
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K  # slots per token; with SHARED the last one is the shared expert
-    pair = tl.program_id(0)  # t * SLOTS + j
-    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # gate rows; up rows are I + rows
+    rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N)  # gate rows; up rows are I + rows
     row_ok = rows < I
     token = pair // SLOTS
     if DECODE >= 3:  # x is read as int32 (two bfloat16 each)
@@ -195,6 +208,8 @@ def _gate_up_kernel(
             gate += _dense_rows_dot(w_ptr, gate_row * H, row_ok, x_row, H, k0, BLOCK_K)
             up += _dense_rows_dot(w_ptr, up_row * H, row_ok, x_row, H, k0, BLOCK_K)
     act = gate * tl.sigmoid(gate) * up
+    if ROUND_BF16:
+        act = _round_to_bf16(act)
     tl.store(act_ptr + pair.to(tl.int64) * I + rows, act.to(act_ptr.dtype.element_ty), mask=row_ok)
 
 
@@ -520,6 +535,14 @@ def _block(x, router_weight, experts, shared, top_k, out, router_x=None, add_nor
     routed = [getattr(experts, name).contiguous() for name in _STACKED]
     shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
     require_launchable(x, *routed, *expert_tensors(shared_tensors))
+    from reference_engine.kernels import (
+        moe_pairs_fused,  # it imports this module's device functions
+    )
+
+    if moe_pairs_fused.runs(num_tokens, x.dtype):  # gate/up and down in one launch (tuning key `moe_pairs_fused_max_tokens`)
+        loop, block_n, block_k = _settings(num_tokens)[:3]
+        moe_pairs_fused.fused_pairs_with_shared(x.contiguous(), topk_weights, topk_ids, StackedNvfp4Experts(*routed), shared_tensors, out, (loop, block_n, block_k))
+        return
     _launch(x, topk_weights, topk_ids, *routed, int(experts.gate_up_packed.shape[1]) // 2, out, nvfp4=True, shared=shared_tensors)
 
 

@@ -127,26 +127,38 @@ def _bf16_high(words):
 
 
 @triton.jit
-def _block_words(words_ptr, blocks, ok):
-    """The 8 int32 words of each scale block `blocks` [BB] (16 16-bit elements per block) of a row read as int32."""
+def _block_words(words_ptr, blocks, ok, CG: tl.constexpr = False):
+    """The 8 int32 words of each scale block `blocks` [BB] (16 16-bit elements per block) of a row read as int32.
+    CG: read from L2 (`.cg`), for values that other programs of the same launch wrote."""
     base = words_ptr + blocks * 8
-    x0 = tl.load(base + 0, mask=ok, other=0)
-    x1 = tl.load(base + 1, mask=ok, other=0)
-    x2 = tl.load(base + 2, mask=ok, other=0)
-    x3 = tl.load(base + 3, mask=ok, other=0)
-    x4 = tl.load(base + 4, mask=ok, other=0)
-    x5 = tl.load(base + 5, mask=ok, other=0)
-    x6 = tl.load(base + 6, mask=ok, other=0)
-    x7 = tl.load(base + 7, mask=ok, other=0)
+    if CG:
+        x0 = tl.load(base + 0, mask=ok, other=0, cache_modifier=".cg")
+        x1 = tl.load(base + 1, mask=ok, other=0, cache_modifier=".cg")
+        x2 = tl.load(base + 2, mask=ok, other=0, cache_modifier=".cg")
+        x3 = tl.load(base + 3, mask=ok, other=0, cache_modifier=".cg")
+        x4 = tl.load(base + 4, mask=ok, other=0, cache_modifier=".cg")
+        x5 = tl.load(base + 5, mask=ok, other=0, cache_modifier=".cg")
+        x6 = tl.load(base + 6, mask=ok, other=0, cache_modifier=".cg")
+        x7 = tl.load(base + 7, mask=ok, other=0, cache_modifier=".cg")
+    else:
+        x0 = tl.load(base + 0, mask=ok, other=0)
+        x1 = tl.load(base + 1, mask=ok, other=0)
+        x2 = tl.load(base + 2, mask=ok, other=0)
+        x3 = tl.load(base + 3, mask=ok, other=0)
+        x4 = tl.load(base + 4, mask=ok, other=0)
+        x5 = tl.load(base + 5, mask=ok, other=0)
+        x6 = tl.load(base + 6, mask=ok, other=0)
+        x7 = tl.load(base + 7, mask=ok, other=0)
     return x0, x1, x2, x3, x4, x5, x6, x7
 
 
 @triton.jit
-def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr, FP8: tl.constexpr = False):
+def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr, FP8: tl.constexpr = False, CG: tl.constexpr = False):
     """x read as int32 (bfloat16 pairs), at scale blocks `blocks` [BB] (16 elements each) -> the 8 float16x2
     pairs the block dot takes: word 0's (x[16b + j], x[16b + j + 4]) for j = 0..3, then word 1's (+8).
-    FP8 (the E4M3 decode's order, times `X_PREMULTIPLY`): (x0, x2), (x4, x6), (x1, x3), (x5, x7), then the same 8 further."""
-    x0, x1, x2, x3, x4, x5, x6, x7 = _block_words(x32_ptr, blocks, ok)
+    FP8 (the E4M3 decode's order, times `X_PREMULTIPLY`): (x0, x2), (x4, x6), (x1, x3), (x5, x7), then the same 8 further.
+    Any shape: `x32_ptr` may be a tensor of row pointers that broadcasts against `blocks`. CG: read x from L2."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _block_words(x32_ptr, blocks, ok, CG)
     if FP8:
         p0 = _half_pair_times_4(_bf16_low(x0), _bf16_low(x1), ASM)  # elements 0, 2
         p1 = _half_pair_times_4(_bf16_low(x2), _bf16_low(x3), ASM)  # 4, 6
@@ -215,41 +227,41 @@ def _e4m3_word_products(word, pe0, pe1, po0, po1):
 
 
 @triton.jit
-def _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, FP8: tl.constexpr = False):
-    """int64 scale blocks [BN, BB] (16 codes each, little-endian) and the x pairs [BB] -> float32 [BN, BB]:
-    each block's 16 products, codes taken as E2M1 * 2^-4 (times `BLOCK_SUM_SCALE` and the scales outside).
+def _block_dot_full(block, p0, p1, p2, p3, p4, p5, p6, p7, ASM: tl.constexpr, FP8: tl.constexpr = False):
+    """int64 scale blocks (16 codes each, little-endian) and x pairs of the same shape -> float32 of that shape: each
+    block's 16 products, codes taken as E2M1 * 2^-4 (times `BLOCK_SUM_SCALE` and the scales outside).
     FP8: the E4M3 decode (x pairs from `_x_half_pairs` with FP8)."""
-    shape: tl.constexpr = (BN, BB)
     if FP8:
         if ASM:
             total = tl.inline_asm_elementwise(
-                BLOCK_DOT_E4M3_ASM, "=f,l,r,r,r,r,r,r,r,r",
-                [block, tl.broadcast_to(p0[None, :], shape), tl.broadcast_to(p1[None, :], shape), tl.broadcast_to(p2[None, :], shape),
-                 tl.broadcast_to(p3[None, :], shape), tl.broadcast_to(p4[None, :], shape), tl.broadcast_to(p5[None, :], shape),
-                 tl.broadcast_to(p6[None, :], shape), tl.broadcast_to(p7[None, :], shape)],
-                dtype=tl.float32, is_pure=True, pack=1,
+                BLOCK_DOT_E4M3_ASM, "=f,l,r,r,r,r,r,r,r,r", [block, p0, p1, p2, p3, p4, p5, p6, p7], dtype=tl.float32, is_pure=True, pack=1,
             )  # fmt: skip
         else:
             w0 = (block & 0xFFFFFFFF).to(tl.int32)
             w1 = (block >> 32).to(tl.int32)
-            total = _e4m3_word_products(w0, p0[None, :], p1[None, :], p2[None, :], p3[None, :])
-            total += _e4m3_word_products(w1, p4[None, :], p5[None, :], p6[None, :], p7[None, :])
+            total = _e4m3_word_products(w0, p0, p1, p2, p3)
+            total += _e4m3_word_products(w1, p4, p5, p6, p7)
     elif ASM:
         total = tl.inline_asm_elementwise(
-            BLOCK_DOT_ASM, "=f,l,r,r,r,r,r,r,r,r",
-            [block, tl.broadcast_to(p0[None, :], shape), tl.broadcast_to(p1[None, :], shape), tl.broadcast_to(p2[None, :], shape),
-             tl.broadcast_to(p3[None, :], shape), tl.broadcast_to(p4[None, :], shape), tl.broadcast_to(p5[None, :], shape),
-             tl.broadcast_to(p6[None, :], shape), tl.broadcast_to(p7[None, :], shape)],
-            dtype=tl.float32, is_pure=True, pack=1,
+            BLOCK_DOT_ASM, "=f,l,r,r,r,r,r,r,r,r", [block, p0, p1, p2, p3, p4, p5, p6, p7], dtype=tl.float32, is_pure=True, pack=1,
         )  # fmt: skip
     else:
         w0 = (block & 0xFFFFFFFF).to(tl.int32)
         w1 = (block >> 32).to(tl.int32)
-        total = _pair_products(w0, 0, p0[None, :]) + _pair_products(w0, 1, p1[None, :])
-        total += _pair_products(w0, 2, p2[None, :]) + _pair_products(w0, 3, p3[None, :])
-        total += _pair_products(w1, 0, p4[None, :]) + _pair_products(w1, 1, p5[None, :])
-        total += _pair_products(w1, 2, p6[None, :]) + _pair_products(w1, 3, p7[None, :])
+        total = _pair_products(w0, 0, p0) + _pair_products(w0, 1, p1)
+        total += _pair_products(w0, 2, p2) + _pair_products(w0, 3, p3)
+        total += _pair_products(w1, 0, p4) + _pair_products(w1, 1, p5)
+        total += _pair_products(w1, 2, p6) + _pair_products(w1, 3, p7)
     return total
+
+
+@triton.jit
+def _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr, FP8: tl.constexpr = False):
+    """int64 scale blocks [BN, BB] and the x pairs [BB] -> float32 [BN, BB] (`_block_dot_full`, x shared by the rows)."""
+    shape: tl.constexpr = (BN, BB)
+    return _block_dot_full(block, tl.broadcast_to(p0[None, :], shape), tl.broadcast_to(p1[None, :], shape), tl.broadcast_to(p2[None, :], shape),
+                           tl.broadcast_to(p3[None, :], shape), tl.broadcast_to(p4[None, :], shape), tl.broadcast_to(p5[None, :], shape),
+                           tl.broadcast_to(p6[None, :], shape), tl.broadcast_to(p7[None, :], shape), ASM, FP8)  # fmt: skip
 
 
 @triton.jit

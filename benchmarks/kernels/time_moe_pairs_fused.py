@@ -1,0 +1,155 @@
+"""Time the decode MoE experts in one launch (`kernels/moe_pairs_fused.py`) against the two per-pair launches.
+
+    PYTHONPATH=. python3 benchmarks/kernels/time_moe_pairs_fused.py OUT.json [--tokens 1,2,4,8] [--tuning FILE]
+
+The real layer (E=256, H=2048, I=512, top-8 plus the shared expert, NVFP4; `time_moe_decode.layer`, four copies cycled in
+a CUDA graph of 8 calls so that every call streams its weights from HBM), this card's tuning file applied. Per batch:
+- experts alone (ids and weights given): `moe_decode.nvfp4_experts_with_shared` (gate/up launch, down launch, the
+  committed settings) against `moe_pairs_fused.fused_pairs_with_shared` with down tiles of 4, 8 and 16 rows and 4 or 8
+  warps (`FORMS`);
+- the whole block as the model runs it (`moe_decode.moe_block_decode`: the fused router, then the experts) with the
+  fused launch off and on at the best form of the experts-alone rows.
+Every form's output is first compared with the two launches' on the same inputs (NaN-poisoned outputs): they differ
+only in the order of the float32 slot sum, so the relative difference must stay under `AGREE`. Forms are timed
+alternately, three rounds, each form's fastest round counts. No speed is asserted.
+
+`--tuning FILE`: writes `moe_pairs_fused_max_tokens` (the largest batch timed up to which the fused block beats the
+two launches by `MIN_GAIN` at every batch timed; 0 when batch 1 does not) and `moe_pairs_fused_down_rows` /
+`moe_pairs_fused_warps` (batch 1's best form) into FILE.
+"""
+
+# ruff: noqa: B023 - `step` is captured and replayed within the loop iteration that made it
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from time_moe_decode import COPIES, TOP_K, H, layer
+from time_moe_tiled import routing
+
+from reference_engine.bench.timing import graph_seconds
+from reference_engine.kernels import moe_decode, moe_pairs_fused
+from reference_engine.kernels.tuning import apply_for_cuda, write_setting
+
+CALLS = 8
+ROUNDS = 3
+FORMS = ((8, 4), (4, 4), (16, 4), (8, 8))  # (down rows, warps) of the fused launch; the first is the module default
+AGREE = 4e-3  # relative difference allowed against the two launches (float32 slot-sum order, then bfloat16 rounding)
+MIN_GAIN = 1.03
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("--tokens", default="1,2,4,8")
+    parser.add_argument("--tuning", help="tuning file to write the adopted settings into")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    apply_for_cuda()
+    committed = moe_pairs_fused.MAX_TOKENS, moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS
+    layers = [layer() for _ in range(COPIES)]
+    gen = torch.Generator().manual_seed(1)
+    records = []
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        inputs = [(torch.randn(tokens, H, device="cuda").bfloat16(), *routing(tokens, gen)) for _ in range(COPIES)]
+        outs = [torch.empty(tokens, H, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
+        tiles = moe_decode._settings(tokens)[:3]
+
+        def two_launches(index: int, out: torch.Tensor) -> None:
+            experts, shared, _ = layers[index % COPIES]
+            x, ids, weights = inputs[index % COPIES]
+            moe_decode.nvfp4_experts_with_shared(x, weights, ids, experts, shared, out)
+
+        def fused(index: int, out: torch.Tensor, form=FORMS[0]) -> None:
+            experts, shared, _ = layers[index % COPIES]
+            x, ids, weights = inputs[index % COPIES]
+            moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS = form
+            moe_pairs_fused.fused_pairs_with_shared(x, weights, ids, experts, shared, out, tiles)
+
+        def block(index: int, out: torch.Tensor, on: bool) -> None:
+            experts, shared, router_weight = layers[index % COPIES]
+            x = inputs[index % COPIES][0]
+            moe_pairs_fused.MAX_TOKENS = tokens if on else 0
+            moe_decode.moe_block_decode(x, router_weight, experts, shared, TOP_K, out)
+
+        want = torch.full((tokens, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+        two_launches(1, want)
+        agreement = {}
+        for form in FORMS:
+            got = torch.full((tokens, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+            fused(1, got, form)
+            agreement[form] = relative(got, want) if torch.isfinite(got).all() else float("inf")
+            if not agreement[form] < AGREE:
+                raise SystemExit(f"T={tokens} form {form}: the fused launch and the two launches disagree ({agreement[form]:.3g})")
+        rounds: dict[str, list[float]] = {"two launches": [], **{f"fused rows {r} warps {w}": [] for r, w in FORMS}}
+        for _ in range(ROUNDS):
+
+            def step():
+                for index in range(CALLS):
+                    two_launches(index, outs[index % COPIES])
+
+            rounds["two launches"].append(graph_seconds(step) * 1e6 / CALLS)
+            for form in FORMS:
+
+                def fused_step():
+                    for index in range(CALLS):
+                        fused(index, outs[index % COPIES], form)
+
+                rounds[f"fused rows {form[0]} warps {form[1]}"].append(graph_seconds(fused_step) * 1e6 / CALLS)
+        best = {name: min(values) for name, values in rounds.items()}
+        best_form = min(FORMS, key=lambda f: best[f"fused rows {f[0]} warps {f[1]}"])
+        moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS = best_form
+        block_want = torch.full((tokens, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+        block(1, block_want, False)
+        block_got = torch.full((tokens, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+        block(1, block_got, True)
+        block_agreement = relative(block_got, block_want) if torch.isfinite(block_got).all() else float("inf")
+        if not block_agreement < AGREE:
+            raise SystemExit(f"T={tokens}: the block with the fused launch disagrees with the two launches ({block_agreement:.3g})")
+        block_rounds: dict[str, list[float]] = {"off": [], "on": []}
+        for _ in range(ROUNDS):
+            for name in ("off", "on"):
+
+                def block_step():
+                    for index in range(CALLS):
+                        block(index, outs[index % COPIES], name == "on")
+
+                block_rounds[name].append(graph_seconds(block_step) * 1e6 / CALLS)
+        block_best = {name: min(values) for name, values in block_rounds.items()}
+        record = {"tokens": tokens, "gate_up_tiles": list(tiles), "experts_us": best, "experts_rounds_us": rounds,
+                  "agreement": {f"{r}/{w}": a for (r, w), a in agreement.items()}, "best_form": list(best_form),
+                  "block_us": block_best, "block_rounds_us": block_rounds, "block_agreement": block_agreement,
+                  "block_ratio": block_best["on"] / block_best["off"]}  # fmt: skip
+        records.append(record)
+        print(f"T={tokens}: experts two launches {best['two launches']:6.2f} us; "
+              + ", ".join(f"rows {r} warps {w} {best[f'fused rows {r} warps {w}']:6.2f}" for r, w in FORMS)
+              + f"; block off {block_best['off']:6.2f} on {block_best['on']:6.2f} us (ratio {record['block_ratio']:.3f}, best form {best_form}, "
+              f"agreement {block_agreement:.2g})", flush=True)  # fmt: skip
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "records": records}, indent=1))
+    moe_pairs_fused.MAX_TOKENS, moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS = committed
+    if args.tuning:
+        max_tokens = 0
+        for record in sorted(records, key=lambda r: r["tokens"]):
+            if record["block_us"]["off"] / record["block_us"]["on"] < MIN_GAIN:
+                break
+            max_tokens = record["tokens"]
+        write_setting(args.tuning, "moe_pairs_fused_max_tokens", max_tokens)
+        one = [r for r in records if r["tokens"] == 1]
+        if one:
+            rows, warps = one[0]["best_form"]
+            write_setting(args.tuning, "moe_pairs_fused_down_rows", rows)
+            write_setting(args.tuning, "moe_pairs_fused_warps", warps)
+        print(f"tuning: moe_pairs_fused_max_tokens = {max_tokens}" + (f", down rows {rows}, warps {warps} (batch 1's best form)" if one else ""))
+
+
+if __name__ == "__main__":
+    main()
