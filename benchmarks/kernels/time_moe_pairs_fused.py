@@ -13,6 +13,11 @@ Every form's output is first compared with the two launches' on the same inputs 
 only in the order of the float32 slot sum, so the relative difference must stay under `AGREE`. Forms are timed
 alternately, three rounds, each form's fastest round counts. No speed is asserted.
 
+`--model-graph`: then the full model (seeded random weights, NVFP4 linears, bf16 LM head, as `toolbox engine bench`)
+decodes from one prompt with the launch off and on (`MAX_TOKENS` 0 and 8), `--rounds` rounds alternating, and the GPU
+time of one batch-1 graph replay and of one batch-8 replay is recorded (`time_side_stream.batch_replay_us`), with the
+last logits' largest difference and top-1 (the slot sum's order differs, so the bits may too).
+
 `--tuning FILE`: writes `moe_pairs_fused_max_tokens` (the largest batch timed up to which the fused block beats the
 two launches by `MIN_GAIN` at every batch timed; 0 when batch 1 does not) and `moe_pairs_fused_down_rows` /
 `moe_pairs_fused_warps` (batch 1's best form) into FILE.
@@ -52,6 +57,8 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--tokens", default="1,2,4,8")
     parser.add_argument("--tuning", help="tuning file to write the adopted settings into")
+    parser.add_argument("--model-graph", action="store_true", help="also time the full model's batch-1 and batch-8 decode graphs off and on")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the model-graph timing")
     args = parser.parse_args()
     torch.manual_seed(0)
     apply_for_cuda()
@@ -149,6 +156,47 @@ def main() -> None:
             write_setting(args.tuning, "moe_pairs_fused_down_rows", rows)
             write_setting(args.tuning, "moe_pairs_fused_warps", warps)
         print(f"tuning: moe_pairs_fused_max_tokens = {max_tokens}" + (f", down rows {rows}, warps {warps} (batch 1's best form)" if one else ""))
+    if args.model_graph:
+        del layers
+        torch.cuda.empty_cache()
+        document = json.loads(Path(args.out).read_text())
+        document["model_graph"] = model_graph(args.rounds)
+        Path(args.out).write_text(json.dumps(document, indent=1))
+
+
+def model_graph(rounds: int) -> dict:
+    """The full model's batch-1 and batch-8 decode graphs with the fused launch off (0) and on (8), alternating rounds."""
+    import statistics
+
+    from time_l2_prefetch import one_setting
+    from time_side_stream import batch_replay_us
+
+    from reference_engine.presets import build_preset
+    from reference_engine.tokenizer import load_tokenizer
+
+    model = build_preset("full", device=torch.device("cuda"), dtype=torch.bfloat16, seed=0, quantize="nvfp4")
+    tokenizer = load_tokenizer("full")
+    prompt = torch.randint(1, model.config.vocab_size, (64,), generator=torch.Generator().manual_seed(1)).tolist()
+    samples: dict[str, dict[str, list[float]]] = {"off": {"1": [], "8": []}, "on": {"1": [], "8": []}}
+    logits = {}
+    for _ in range(rounds):
+        for setting, max_tokens in (("off", 0), ("on", 8)):
+
+            def configure(decoder, max_tokens=max_tokens) -> None:  # after the engine installed the tuning file
+                moe_pairs_fused.MAX_TOKENS = max_tokens
+
+            record, logits[setting] = one_setting(model, tokenizer, None, prompt, configure)
+            samples[setting]["1"].append(record["graph_replay_us"])
+            samples[setting]["8"].append(batch_replay_us(model, tokenizer, prompt, 8, configure))
+            print(f"model graph {setting}: batch 1 {samples[setting]['1'][-1]:.1f} us, batch 8 {samples[setting]['8'][-1]:.1f} us", flush=True)
+    medians = {setting: {batch: statistics.median(v) for batch, v in per.items()} for setting, per in samples.items()}
+    summary = {"samples_us": samples, "median_us": medians,
+               "on_over_off": {batch: medians["on"][batch] / medians["off"][batch] for batch in ("1", "8")},
+               "logits_max_abs_diff": float((logits["on"] - logits["off"]).abs().max()),
+               "top1_equal": int(logits["on"].argmax()) == int(logits["off"].argmax())}  # fmt: skip
+    print(f"model graph: on / off batch 1 {summary['on_over_off']['1']:.4f}, batch 8 {summary['on_over_off']['8']:.4f}; "
+          f"logits differ by {summary['logits_max_abs_diff']:.3g}, top-1 equal {summary['top1_equal']}", flush=True)  # fmt: skip
+    return summary
 
 
 if __name__ == "__main__":
