@@ -145,6 +145,16 @@ def configs():
             "H": 2048, "I": 512, "TOP_K": 8, "BLOCK_K": 8, "GU_BLOCK_N": gbn, "GU_BLOCK_K": gbk, "LOOP": loop, "DECODE": 5, "BLOCK_H": rows,
             "ROUND_BF16": False, "num_warps": warps}  # fmt: skip
 
+    block_sig = {"rx_ptr": "*bf16", "router_w_ptr": "*bf16", "logits_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "x32_ptr": "*i32",
+                 **{f"{prefix}{name}": kind for prefix in ("gu", "d", "sgu", "sd") for name, kind in (("_w_ptr", "*i64"), ("_scale_ptr", "*fp8e4nv"), ("_s2_ptr", "*fp32"))},
+                 "act_ptr": "*bf16", "act32_ptr": "*i32", "out_ptr": "*bf16", "counter_ptr": "*i32", "T": I32, "E": I32,
+                 "residual_ptr": "*bf16", "norm_w_ptr": "*bf16", "normed_ptr": "*bf16", "residual_out_ptr": "*bf16", "eps": "fp32"}  # fmt: skip
+    for add_norm in (True, False):
+        yield f"moe block fused add_norm={add_norm}", moe_pairs_fused._fused_block_kernel, block_sig, {
+            "H": 2048, "I": 512, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_E": 256, "ROUTER_ROWS": 2, "ROUTER_BLOCK_H": 2048, "ROUTER_BLOCKS": 129, "GU_BLOCK_N": 8,
+            "GU_BLOCK_K": 256, "LOOP": 3, "DECODE": 5, "BLOCK_H": 8, "ROUND_BF16": False, "ADD_NORM": add_norm, "BF16": True, "NORM_WRITER": 0,
+            "num_warps": 4}  # fmt: skip
+
 
 def _registers(compiled) -> str:
     """", N registers, S spill bytes" from the bundled ptxas's report on the kernel's PTX ("" if it gives none)."""

@@ -515,6 +515,18 @@ def _block(x, router_weight, experts, shared, top_k, out, router_x=None, add_nor
 
         moe_block_persistent.moe_block_persistent(x, router_weight, experts, shared, top_k, out)
         return
+    from reference_engine.kernels import (
+        moe_pairs_fused,  # it imports this module's device functions
+    )
+
+    grouped = moe_grouped_half.runs(num_tokens, x.dtype) or (moe_grouped_decode.MIN_TOKENS is not None and num_tokens >= moe_grouped_decode.MIN_TOKENS)
+    if not grouped and moe_pairs_fused.runs_block(num_tokens, x, router_weight):  # router and experts in one launch (`moe_pairs_fused_block`)
+        routed = StackedNvfp4Experts(*(getattr(experts, name).contiguous() for name in _STACKED))
+        shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
+        require_launchable(x, router_weight, *expert_tensors(shared_tensors), routed.gate_up_packed, routed.down_packed)
+        moe_pairs_fused.fused_block_with_shared(x, router_weight, routed, shared_tensors, top_k, out, _settings(num_tokens)[:3], router_x=router_x,
+                                                add_norm=add_norm)  # fmt: skip
+        return
     topk_weights = torch.empty(num_tokens, top_k + 1, dtype=torch.float32, device=x.device)
     topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
     if num_tokens <= router.FUSED_ROUTER_MAX_TOKENS and x.is_contiguous() and router_weight.is_contiguous():
@@ -535,10 +547,6 @@ def _block(x, router_weight, experts, shared, top_k, out, router_x=None, add_nor
     routed = [getattr(experts, name).contiguous() for name in _STACKED]
     shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
     require_launchable(x, *routed, *expert_tensors(shared_tensors))
-    from reference_engine.kernels import (
-        moe_pairs_fused,  # it imports this module's device functions
-    )
-
     if moe_pairs_fused.runs(num_tokens, x.dtype):  # gate/up and down in one launch (tuning key `moe_pairs_fused_max_tokens`)
         loop, block_n, block_k = _settings(num_tokens)[:3]
         moe_pairs_fused.fused_pairs_with_shared(x.contiguous(), topk_weights, topk_ids, StackedNvfp4Experts(*routed), shared_tensors, out, (loop, block_n, block_k))

@@ -45,9 +45,11 @@ from reference_engine.kernels.launch import (
 )
 from reference_engine.kernels.moe_decode import _gate_up_program
 from reference_engine.kernels.nvfp4_half_dot import _block_dot_full, _x_half_pairs
+from reference_engine.kernels.router import _router_logits_ticket, _topk_row
 from reference_engine.ops.static_moe import SharedNvfp4Expert, StackedNvfp4Experts
 
 MAX_TOKENS = 0  # the fused launch serves decode batches up to this many tokens (0: off)
+BLOCK = False  # the router in the same launch too (`fused_block_with_shared`; tuning key `moe_pairs_fused_block`)
 DOWN_BLOCK_H = 8  # output rows per down program (its tile: top_k x DOWN_BLOCK_H x I/16 int64 scale blocks)
 NUM_WARPS = 4
 
@@ -106,9 +108,11 @@ def _down_program(
     acc += tl.sum(shared_dots * shared_scales.to(tl.float32), axis=1) * (1.0 / 1024.0) * (shared_scale * 16384.0)
     tl.store(out_ptr + token.to(tl.int64) * H + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
     done = tl.atomic_add(counter_ptr + T + token, 1, sem="relaxed", scope="gpu")  # every row block of the token is past its wait
-    if done == ROW_BLOCKS - 1:
+    last = done == ROW_BLOCKS - 1
+    if last:
         tl.store(counter_ptr + token, 0)
         tl.store(counter_ptr + T + token, 0)
+    return last
 
 
 @triton.jit
@@ -132,6 +136,51 @@ def _fused_pairs_kernel(
     else:
         _down_program(pid - T * READY, act32_ptr, ids_ptr, weights_ptr, d_w_ptr, d_scale_ptr, d_s2_ptr, sd_w_ptr, sd_scale_ptr, sd_s2_ptr, out_ptr,
                       counter_ptr, T, H, I, TOP_K, BLOCK_K, BLOCK_H, READY, ROW_BLOCKS, DECODE == 5)  # fmt: skip
+
+
+@triton.jit
+def _fused_block_kernel(
+    rx_ptr, router_w_ptr, logits_ptr, ids_ptr, weights_ptr, x32_ptr, gu_w_ptr, gu_scale_ptr, gu_s2_ptr, d_w_ptr, d_scale_ptr, d_s2_ptr,
+    sgu_w_ptr, sgu_scale_ptr, sgu_s2_ptr, sd_w_ptr, sd_scale_ptr, sd_s2_ptr, act_ptr, act32_ptr, out_ptr, counter_ptr, T, E,
+    residual_ptr, norm_w_ptr, normed_ptr, residual_out_ptr, eps,
+    H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, ROUTER_ROWS: tl.constexpr,
+    ROUTER_BLOCK_H: tl.constexpr, ROUTER_BLOCKS: tl.constexpr, GU_BLOCK_N: tl.constexpr, GU_BLOCK_K: tl.constexpr, LOOP: tl.constexpr,
+    DECODE: tl.constexpr, BLOCK_H: tl.constexpr, ROUND_BF16: tl.constexpr, ADD_NORM: tl.constexpr, BF16: tl.constexpr, NORM_WRITER: tl.constexpr,
+):
+    """The whole block (module docstring, "The router too"). Grid (T * ROUTER_BLOCKS + T * (TOP_K + 1) * cdiv(I, GU_BLOCK_N)
+    + T * cdiv(H, BLOCK_H),). Counters: [0, T) the router's tickets, [T, 2T) routed, [2T, 3T) gate/up counts, [3T, 4T) down done."""
+    SLOTS: tl.constexpr = TOP_K + 1
+    GU_ROW_BLOCKS: tl.constexpr = (I + GU_BLOCK_N - 1) // GU_BLOCK_N
+    READY: tl.constexpr = SLOTS * GU_ROW_BLOCKS
+    ROW_BLOCKS: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
+    pid = tl.program_id(0)
+    routers = T * ROUTER_BLOCKS
+    if pid < routers:
+        routed = (pid // ROUTER_BLOCKS).to(tl.int64)  # the token (int64, as the router's code takes it)
+        ticket = _router_logits_ticket(pid % ROUTER_BLOCKS, routed, rx_ptr, router_w_ptr, logits_ptr, counter_ptr, E, H, ROUTER_ROWS, ROUTER_BLOCK_H,
+                                       residual_ptr, norm_w_ptr, normed_ptr, residual_out_ptr, eps, ADD_NORM, BF16, NORM_WRITER)  # fmt: skip
+        if ticket == ROUTER_BLOCKS - 1:
+            _topk_row(logits_ptr + routed * (E + 1), weights_ptr + routed * SLOTS, ids_ptr + routed * SLOTS, E, TOP_K, BLOCK_E, BLOCK_K, True, True)
+            tl.store(counter_ptr + routed, 0)
+            tl.debug_barrier()  # the ids and weights are stored before the token is marked routed (release, GPU scope)
+            tl.atomic_xchg(counter_ptr + T + routed, 1, sem="release", scope="gpu")
+    elif pid < routers + T * READY:
+        g = pid - routers
+        pair = g // GU_ROW_BLOCKS
+        token = pair // SLOTS
+        _wait_for(counter_ptr + T + token, 1)  # the ids (and with ADD_NORM the normed x) are written
+        _gate_up_program(pair, g % GU_ROW_BLOCKS, x32_ptr, ids_ptr, gu_w_ptr, gu_scale_ptr, gu_s2_ptr, act_ptr, H, I, TOP_K, True, GU_BLOCK_N,
+                         GU_BLOCK_K, sgu_w_ptr, sgu_scale_ptr, sgu_s2_ptr, True, LOOP, DECODE, ROUND_BF16)  # fmt: skip
+        tl.debug_barrier()  # every thread's activations are stored before the count is raised (release, GPU scope)
+        tl.atomic_add(counter_ptr + 2 * T + token, 1, sem="release", scope="gpu")
+    else:
+        d = pid - routers - T * READY
+        token = d // ROW_BLOCKS
+        _wait_for(counter_ptr + T + token, 1)  # the ids are written: the down weights can be loaded
+        last = _down_program(d, act32_ptr, ids_ptr, weights_ptr, d_w_ptr, d_scale_ptr, d_s2_ptr, sd_w_ptr, sd_scale_ptr, sd_s2_ptr, out_ptr,
+                             counter_ptr + 2 * T, T, H, I, TOP_K, BLOCK_K, BLOCK_H, READY, ROW_BLOCKS, DECODE == 5)  # fmt: skip
+        if last:
+            tl.store(counter_ptr + T + token, 0)
 
 
 def runs(num_tokens: int, dtype: torch.dtype) -> bool:
@@ -176,6 +225,70 @@ def fused_pairs_with_shared(
         ticket_counters(x.device, 2 * num_tokens), num_tokens,
         H=hidden, I=intermediate, TOP_K=top_k, BLOCK_K=next_power_of_2(top_k), GU_BLOCK_N=block_n, GU_BLOCK_K=block_k, LOOP=loop, DECODE=decode,
         BLOCK_H=block_h, ROUND_BF16=interpreting(), num_warps=NUM_WARPS,
+    )  # fmt: skip
+    if target is not buffer:
+        buffer.copy_(target)
+    finish(buffer, out)
+
+
+def runs_block(num_tokens: int, x: torch.Tensor, router_weight: torch.Tensor) -> bool:
+    """True when `moe_decode` hands the whole block (router included) to one launch: `BLOCK` on, `runs`, within the fused
+    router's batches, contiguous x and router rows, the hidden size in one router step."""
+    from reference_engine.kernels import router
+
+    return (BLOCK and runs(num_tokens, x.dtype) and num_tokens <= router.FUSED_ROUTER_MAX_TOKENS and x.is_contiguous()
+            and router_weight.is_contiguous() and next_power_of_2(x.shape[1]) <= router.ROUTER_BLOCK_H)  # fmt: skip
+
+
+def fused_block_with_shared(
+    x: torch.Tensor,  # [T, H] bfloat16, contiguous: the block's normed input (with `add_norm`: written by this launch)
+    router_weight: torch.Tensor,  # [E+1, H]: router rows, then the shared expert's gate row
+    experts: StackedNvfp4Experts,  # contiguous
+    shared: SharedNvfp4Expert,  # contiguous
+    top_k: int,
+    out: torch.Tensor,  # [T, H]
+    gate_up_tiles: tuple[int, int, int],
+    router_x: torch.Tensor | None = None,  # with `add_norm`: the un-normed input the router programs read
+    add_norm=None,  # ops.norms.AddNorm: the norm before the block, done by the router programs (`router` module docstring)
+) -> None:
+    """Router logits, top-k with the shared slot, the routed experts and the shared expert in one launch (module
+    docstring, "The router too"); inputs as `moe_decode._block` takes them. Writes every element of `out`."""
+    from reference_engine.kernels import router
+
+    num_tokens, hidden = x.shape
+    if num_tokens == 0:
+        return
+    num_experts = router_weight.shape[0] - 1
+    intermediate = int(experts.gate_up_packed.shape[1]) // 2
+    loop, block_n, block_k = gate_up_tiles
+    block_n = min(block_n, next_power_of_2(intermediate))
+    block_k = min(block_k, next_power_of_2(hidden // 2))
+    decode = 6 if interpreting() else 5
+    slots = top_k + 1
+    logits = torch.empty(num_tokens, num_experts + 1, dtype=x.dtype, device=x.device)
+    topk_weights = torch.empty(num_tokens, slots, dtype=torch.float32, device=x.device)
+    topk_ids = torch.empty(num_tokens, slots, dtype=torch.int32, device=x.device)
+    act = torch.empty(num_tokens * slots, intermediate, dtype=torch.bfloat16, device=x.device)
+    buffer = staging_buffer(out)
+    target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
+    block_h = min(DOWN_BLOCK_H, next_power_of_2(hidden))
+    router_blocks = cdiv(num_experts + 1, router.ROUTER_ROWS)
+    programs = num_tokens * (router_blocks + slots * cdiv(intermediate, block_n) + cdiv(hidden, block_h))
+    norm = {}
+    if add_norm is not None:
+        norm = {"residual_ptr": add_norm.residual, "norm_w_ptr": add_norm.weight, "normed_ptr": add_norm.out, "residual_out_ptr": add_norm.residual_out,
+                "eps": float(add_norm.eps), "ADD_NORM": True, "NORM_WRITER": router.NORM_WRITER}  # fmt: skip
+    else:
+        norm = {"residual_ptr": x, "norm_w_ptr": x, "normed_ptr": x, "residual_out_ptr": x, "eps": 0.0, "ADD_NORM": False, "NORM_WRITER": 0}
+    i64 = torch.int64
+    _fused_block_kernel[(programs,)](
+        x if add_norm is None else router_x, router_weight, logits, topk_ids, topk_weights, x.view(torch.int32),
+        experts.gate_up_packed.view(i64), experts.gate_up_scale, experts.gate_up_scale_2, experts.down_packed.view(i64), experts.down_scale,
+        experts.down_scale_2, shared.gate_up_packed.view(i64), shared.gate_up_scale, shared.gate_up_scale_2, shared.down_packed.view(i64),
+        shared.down_scale, shared.down_scale_2, act, act.view(torch.int32), target, ticket_counters(x.device, 4 * num_tokens), num_tokens, num_experts,
+        H=hidden, I=intermediate, TOP_K=top_k, BLOCK_K=next_power_of_2(top_k), BLOCK_E=next_power_of_2(num_experts), ROUTER_ROWS=router.ROUTER_ROWS,
+        ROUTER_BLOCK_H=min(router.ROUTER_BLOCK_H, next_power_of_2(hidden)), ROUTER_BLOCKS=router_blocks, GU_BLOCK_N=block_n, GU_BLOCK_K=block_k,
+        LOOP=loop, DECODE=decode, BLOCK_H=block_h, ROUND_BF16=interpreting(), BF16=True, num_warps=NUM_WARPS, **norm,
     )  # fmt: skip
     if target is not buffer:
         buffer.copy_(target)

@@ -191,6 +191,23 @@ def _add_norm_row(x_row, residual_row, norm_w_ptr, normed_row, residual_out_row,
 
 
 @triton.jit
+def _router_logits_ticket(block, token, x_ptr, w_ptr, logits_ptr, counter_ptr, E, H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+                          residual_ptr, norm_w_ptr, normed_ptr, residual_out_ptr, eps, ADD_NORM: tl.constexpr, BF16: tl.constexpr,
+                          NORM_WRITER: tl.constexpr):
+    """One program of the fused router up to its ticket: token `token`'s logits rows block*BLOCK_R.. (with ADD_NORM of
+    the normed x, which program NORM_WRITER stores with the sum), then a ticket from the token's counter; returns it.
+    The program drawing ROW_BLOCKS - 1 sees every row block's logits (acquire) and does the top-k."""
+    if ADD_NORM:
+        xv = _add_norm_row(x_ptr + token * H, residual_ptr + token * H, norm_w_ptr, normed_ptr + token * H, residual_out_ptr + token * H,
+                           eps, block == NORM_WRITER, H, BLOCK_H, BF16)  # fmt: skip
+        _router_logits_rows_of(xv, w_ptr, logits_ptr + token * (E + 1), block, E, H, BLOCK_R, BLOCK_H)
+    else:
+        _router_logits_rows(x_ptr + token * H, w_ptr, logits_ptr + token * (E + 1), block, E, H, BLOCK_R, BLOCK_H)
+    tl.debug_barrier()  # every thread's logits are stored before the ticket is taken (release, GPU scope)
+    return tl.atomic_add(counter_ptr + token, 1, sem="acq_rel", scope="gpu")
+
+
+@triton.jit
 def _router_gemv_topk_kernel(
     x_ptr, w_ptr, logits_ptr, counter_ptr, weights_ptr, ids_ptr, E, H: tl.constexpr,
     TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr, ROW_BLOCKS: tl.constexpr,
@@ -206,14 +223,8 @@ def _router_gemv_topk_kernel(
     draws the last one runs `_topk_row` over the finished row and puts the counter back to zero. ADD_NORM: x is the
     un-normed input; each program normalises the token's row itself (module docstring), program NORM_WRITER stores it."""
     token = tl.program_id(1).to(tl.int64)
-    if ADD_NORM:
-        xv = _add_norm_row(x_ptr + token * H, residual_ptr + token * H, norm_w_ptr, normed_ptr + token * H, residual_out_ptr + token * H,
-                           eps, tl.program_id(0) == NORM_WRITER, H, BLOCK_H, BF16)  # fmt: skip
-        _router_logits_rows_of(xv, w_ptr, logits_ptr + token * (E + 1), tl.program_id(0), E, H, BLOCK_R, BLOCK_H)
-    else:
-        _router_logits_rows(x_ptr + token * H, w_ptr, logits_ptr + token * (E + 1), tl.program_id(0), E, H, BLOCK_R, BLOCK_H)
-    tl.debug_barrier()  # every thread's logits are stored before the ticket is taken (release, GPU scope)
-    ticket = tl.atomic_add(counter_ptr + token, 1, sem="acq_rel", scope="gpu")
+    ticket = _router_logits_ticket(tl.program_id(0), token, x_ptr, w_ptr, logits_ptr, counter_ptr, E, H, BLOCK_R, BLOCK_H, residual_ptr, norm_w_ptr,
+                                   normed_ptr, residual_out_ptr, eps, ADD_NORM, BF16, NORM_WRITER)  # fmt: skip
     if ticket == ROW_BLOCKS - 1:
         ROW: tl.constexpr = TOP_K + 1
         ids, id_ok = _topk_row(logits_ptr + token * (E + 1), weights_ptr + token * ROW, ids_ptr + token * ROW, E, TOP_K, BLOCK_E, BLOCK_K, True, True)

@@ -56,7 +56,8 @@ share a program (`benchmarks/kernels/time_norm_rows.py`); `moe_grouped_half.tile
 for those kernels (`benchmarks/kernels/time_moe_tiled.py`); `moe_block_persistent` the batch-1 MoE block in one persistent
 launch (`on` 1) and its plan (`kernels/moe_block_persistent.py`, `benchmarks/kernels/time_moe_persistent.py`);
 `moe_pairs_fused_max_tokens` the decode batches whose per-pair experts run gate/up and down in one launch, and
-`moe_pairs_fused_down_rows` / `moe_pairs_fused_warps` that launch's output rows per down program and warps (`kernels/moe_pairs_fused.py`,
+`moe_pairs_fused_down_rows` / `moe_pairs_fused_warps` that launch's output rows per down program and warps, `moe_pairs_fused_block` 1
+the router in that launch too (`kernels/moe_pairs_fused.py`,
 `benchmarks/kernels/time_moe_pairs_fused.py`).
 
 `apply_tuning(path)` validates it (pydantic, at this edge) and installs it: GEMV shapes listed there use
@@ -208,6 +209,7 @@ class TuningFile(BaseModel):
     moe_pairs_fused_max_tokens: int | None = Field(default=None, ge=0, le=64)  # decode MoE: gate/up and down in one launch up to this batch (0: never)
     moe_pairs_fused_down_rows: Literal[4, 8, 16, 32] | None = None  # that launch's output rows per down program
     moe_pairs_fused_warps: Literal[4, 8] | None = None  # that launch's warps per program
+    moe_pairs_fused_block: int | None = Field(default=None, ge=0, le=1)  # 1: the router in that launch too
 
 
 def device_file(device_name: str) -> Path:
@@ -300,7 +302,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
         moe_grouped_half.PLAN = moe_grouped_half.HalfGroupedPlan(**settings)
     if tuning.moe_decode_batch_one is not None:
         moe_decode.BATCH_ONE = tuple(tuning.moe_decode_batch_one.model_dump().values())
-    if any(value is not None for value in (tuning.moe_pairs_fused_max_tokens, tuning.moe_pairs_fused_down_rows, tuning.moe_pairs_fused_warps)):
+    if any(value is not None for value in (tuning.moe_pairs_fused_max_tokens, tuning.moe_pairs_fused_down_rows, tuning.moe_pairs_fused_warps,
+                                           tuning.moe_pairs_fused_block)):
         from reference_engine.kernels import moe_pairs_fused
 
         if tuning.moe_pairs_fused_max_tokens is not None:
@@ -309,6 +312,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
             moe_pairs_fused.DOWN_BLOCK_H = tuning.moe_pairs_fused_down_rows
         if tuning.moe_pairs_fused_warps is not None:
             moe_pairs_fused.NUM_WARPS = tuning.moe_pairs_fused_warps
+        if tuning.moe_pairs_fused_block is not None:
+            moe_pairs_fused.BLOCK = bool(tuning.moe_pairs_fused_block)
     if tuning.moe_block_persistent is not None:
         from reference_engine.kernels import moe_block_persistent
 

@@ -6,9 +6,10 @@ float64 reference and against the two per-pair launches with the same decode (`m
 (a duplicate row, repeated ids), down tiles of 4, 8 and 64 rows, NaN-poisoned outputs; both counters back at zero after
 every call; `moe_block_decode` routes one-token blocks through the launch only when `MAX_TOKENS` admits them (a spy
 counts the calls); known-wrong inputs (shared expert dropped, a routed slot dropped, the down tensor scale of one
-expert negated) must miss the reference by far more than the bound.
+expert negated) must miss the reference by far more than the bound; the router in the launch too (`BLOCK`), with and
+without the norm before the block, against the router launch followed by the experts' launch.
 CUDA (real shapes, T = 1, 2, 4, 8): against the two launches, and replayed from a CUDA graph 16 times on fresh inputs
-(the counters reset themselves; each replay checked).
+(the counters reset themselves; each replay checked); the block launch with router and norm at T = 1 and 4.
 """
 
 from __future__ import annotations
@@ -124,6 +125,33 @@ for T in (1, 3):
     print(f"block T={T} fused vs two launches: {agree:.2e}")
     assert agree < AGREE, (T, agree)
 moe_pairs_fused.fused_pairs_with_shared = real
+
+# The router in the launch too (BLOCK), with and without the norm before the block: the same outputs as the router
+# launch followed by the experts' launch, the normed row and the sum written, every counter back at zero.
+from reference_engine.kernels import router
+from reference_engine.ops.norms import AddNorm
+moe_pairs_fused.MAX_TOKENS = 3
+for T in (1, 3):
+    x = torch.randn(T, H, generator=g).bfloat16()
+    residual = torch.randn(T, H, generator=g).bfloat16()
+    norm_weight = (torch.randn(H, generator=g) * 0.1).bfloat16()
+    for add_norm in (False, True):
+        router.ADD_NORM = add_norm
+        results = {}
+        for block in (False, True):
+            moe_pairs_fused.BLOCK = block
+            normed = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
+            summed = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
+            out = torch.full((T, H), float("nan"), dtype=torch.bfloat16)
+            moe_decode.moe_block_decode_add_norm(x, AddNorm(residual, norm_weight, normed, summed, 1e-6), router_weight.bfloat16(), experts, shared, K, out)
+            assert torch.isfinite(out).all() and torch.isfinite(normed).all() and torch.isfinite(summed).all()
+            assert int(launch._TICKETS[torch.device("cpu")][: 4 * T].abs().sum()) == 0, "the block launch left a counter behind"
+            results[block] = (out, normed, summed)
+        for a, b in zip(results[False], results[True]):
+            assert rel(b, a) < AGREE, (T, add_norm, rel(b, a))
+        print(f"block launch T={T} add_norm={add_norm}: vs router + experts launches {rel(results[True][0], results[False][0]):.2e}")
+router.ADD_NORM = False
+moe_pairs_fused.BLOCK = False
 moe_pairs_fused.MAX_TOKENS = 0
 moe_decode.BATCH_ONE = None
 
@@ -202,3 +230,42 @@ def test_fused_launch_on_cuda_matches_two_launches_and_replays(tokens):
         error = float((out.double() - expected.double()).norm() / expected.double().norm())
         assert error < 4e-3, error
     assert int(launch._TICKETS[x.device][: 2 * tokens].abs().sum()) == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_block_launch_with_router_and_norm_on_cuda_matches_separate_launches(tokens):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from real_moe_layer import EXPERTS, HIDDEN, TOP_K, real_decode_inputs
+
+    from reference_engine.kernels import launch, moe_decode, moe_pairs_fused, router
+    from reference_engine.kernels.tuning import apply_for_cuda
+    from reference_engine.ops.norms import AddNorm
+
+    apply_for_cuda()
+    experts, shared, x, _, _ = real_decode_inputs(tokens)
+    generator = torch.Generator().manual_seed(tokens + 50)
+    router_weight = (torch.randn(EXPERTS + 1, HIDDEN, generator=generator) * HIDDEN**-0.5).bfloat16().cuda()
+    residual = torch.randn(tokens, HIDDEN, generator=generator).bfloat16().cuda()
+    norm_weight = (torch.randn(HIDDEN, generator=generator) * 0.1).bfloat16().cuda()
+    saved = moe_pairs_fused.MAX_TOKENS, moe_pairs_fused.BLOCK, router.ADD_NORM
+    try:
+        for add_norm in (False, True):
+            router.ADD_NORM = add_norm
+            results = {}
+            for setting in ("off", "block"):
+                moe_pairs_fused.MAX_TOKENS = 0 if setting == "off" else tokens
+                moe_pairs_fused.BLOCK = setting == "block"
+                buffers = [torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+                moe_decode.moe_block_decode_add_norm(x, AddNorm(residual, norm_weight, buffers[0], buffers[1], 1e-6), router_weight, experts, shared,
+                                                     TOP_K, buffers[2])  # fmt: skip
+                torch.cuda.synchronize()
+                results[setting] = buffers
+            for got, want in zip(results["block"], results["off"], strict=True):
+                assert torch.isfinite(got).all()
+                error = float((got.double() - want.double()).norm() / want.double().norm())
+                assert error < 4e-3, (add_norm, error)
+            assert int(launch._TICKETS[x.device][: 4 * tokens].abs().sum()) == 0
+    finally:
+        moe_pairs_fused.MAX_TOKENS, moe_pairs_fused.BLOCK, router.ADD_NORM = saved
