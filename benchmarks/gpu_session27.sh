@@ -20,7 +20,7 @@ PYTEST_RC=$?; echo "pytest rc=$PYTEST_RC"; grep -E "passed|failed|FAILED" "$OUT/
 if [ "$PYTEST_RC" -ne 0 ]; then
   echo "fused launch failed or hung in its CUDA test (rc $PYTEST_RC): not timed"
 else
-  timeout 330 python3 benchmarks/kernels/time_moe_pairs_fused.py "$OUT/$NAME-pairs-fused.json" --model-graph --tuning "$TUNING" > "$OUT/$NAME-pairs-fused.log" 2>&1
+  timeout 330 python3 benchmarks/kernels/time_moe_pairs_fused.py "$OUT/$NAME-pairs-fused.json" --model-graph --rounds "${ROUNDS:-1}" --tuning "$TUNING" > "$OUT/$NAME-pairs-fused.log" 2>&1
   echo "pairs fused rc=$?"; grep -v "^$" "$OUT/$NAME-pairs-fused.log" | tail -n 14 | cut -c1-400
 fi
 if [ "${TILED:-0}" = 1 ]; then
