@@ -10,17 +10,18 @@
 # 3. With TILED=1 (run78's of session 26, not run yet): `kernels/time_moe_tiled.py --per-pair --tokens 2,4,8,12,16` and
 #    its adoption. (`time_gemv_tiled.py --lm-head` waits for a later call.)
 # The tuning file after adoption is $OUT/$NAME-tuning.json: copy it into the repository, commit, then bench.
+# Short on device time: PYTEST_K='[1]' (one batch of each CUDA test) TOKENS=1,8.
 set -u
 OUT="${OUT:-/tmp/session27-out}"; NAME="${NAME:-session27}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
 TUNING=reference_engine/kernels/tuned/nvidia-h200.json  # the H100 takes the H200's file (same architecture)
 cp "$TUNING" "$OUT/$NAME-tuning-before.json"
-timeout 150 python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/kernels/test_moe_pairs_fused.py > "$OUT/$NAME-pytest.log" 2>&1
+timeout 150 python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/kernels/test_moe_pairs_fused.py ${PYTEST_K:+-k "$PYTEST_K"} > "$OUT/$NAME-pytest.log" 2>&1
 PYTEST_RC=$?; echo "pytest rc=$PYTEST_RC"; grep -E "passed|failed|FAILED" "$OUT/$NAME-pytest.log" | tail -n 3 | cut -c1-300; grep -E "^E " "$OUT/$NAME-pytest.log" | head -n 8 | cut -c1-300
 if [ "$PYTEST_RC" -ne 0 ]; then
   echo "fused launch failed or hung in its CUDA test (rc $PYTEST_RC): not timed"
 else
-  timeout 330 python3 benchmarks/kernels/time_moe_pairs_fused.py "$OUT/$NAME-pairs-fused.json" --model-graph --rounds "${ROUNDS:-1}" --tuning "$TUNING" > "$OUT/$NAME-pairs-fused.log" 2>&1
+  timeout 330 python3 benchmarks/kernels/time_moe_pairs_fused.py "$OUT/$NAME-pairs-fused.json" --tokens "${TOKENS:-1,2,4,8}" --model-graph --rounds "${ROUNDS:-1}" --tuning "$TUNING" > "$OUT/$NAME-pairs-fused.log" 2>&1
   echo "pairs fused rc=$?"; grep -v "^$" "$OUT/$NAME-pairs-fused.log" | tail -n 14 | cut -c1-400
 fi
 if [ "${TILED:-0}" = 1 ]; then
