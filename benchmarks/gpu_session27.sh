@@ -10,13 +10,18 @@
 # 3. With TILED=1 (run78's of session 26, not run yet): `kernels/time_moe_tiled.py --per-pair --tokens 2,4,8,12,16` and
 #    its adoption. (`time_gemv_tiled.py --lm-head` waits for a later call.)
 # The tuning file after adoption is $OUT/$NAME-tuning.json: copy it into the repository, commit, then bench.
-# Short on device time: PYTEST_K='[1]' (one batch of each CUDA test) TOKENS=1,8.
+# Short on device time: SHORT=1 (one batch of each CUDA test, TOKENS=1,8).
 set -u
 OUT="${OUT:-/tmp/session27-out}"; NAME="${NAME:-session27}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
+if [ "${SHORT:-0}" = 1 ]; then
+  F=tests/reference_engine/kernels/test_moe_pairs_fused.py
+  PYTEST_TESTS="$F::test_fused_launch_on_cuda_matches_two_launches_and_replays[1] $F::test_block_launch_with_router_and_norm_on_cuda_matches_separate_launches[1]"
+  TOKENS="${TOKENS:-1,8}"
+fi
 TUNING=reference_engine/kernels/tuned/nvidia-h200.json  # the H100 takes the H200's file (same architecture)
 cp "$TUNING" "$OUT/$NAME-tuning-before.json"
-timeout 150 python3 -m pytest -m cuda -q -p no:cacheprovider tests/reference_engine/kernels/test_moe_pairs_fused.py ${PYTEST_K:+-k "$PYTEST_K"} > "$OUT/$NAME-pytest.log" 2>&1
+timeout 150 python3 -m pytest -m cuda -q -p no:cacheprovider ${PYTEST_TESTS:-tests/reference_engine/kernels/test_moe_pairs_fused.py} > "$OUT/$NAME-pytest.log" 2>&1
 PYTEST_RC=$?; echo "pytest rc=$PYTEST_RC"; grep -E "passed|failed|FAILED" "$OUT/$NAME-pytest.log" | tail -n 3 | cut -c1-300; grep -E "^E " "$OUT/$NAME-pytest.log" | head -n 8 | cut -c1-300
 if [ "$PYTEST_RC" -ne 0 ]; then
   echo "fused launch failed or hung in its CUDA test (rc $PYTEST_RC): not timed"
