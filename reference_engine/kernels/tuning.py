@@ -302,18 +302,14 @@ def apply_tuning(path: str | Path) -> TuningFile:
         moe_grouped_half.PLAN = moe_grouped_half.HalfGroupedPlan(**settings)
     if tuning.moe_decode_batch_one is not None:
         moe_decode.BATCH_ONE = tuple(tuning.moe_decode_batch_one.model_dump().values())
-    if any(value is not None for value in (tuning.moe_pairs_fused_max_tokens, tuning.moe_pairs_fused_down_rows, tuning.moe_pairs_fused_warps,
-                                           tuning.moe_pairs_fused_block)):
-        from reference_engine.kernels import moe_pairs_fused
+    fused = {"MAX_TOKENS": tuning.moe_pairs_fused_max_tokens, "DOWN_BLOCK_H": tuning.moe_pairs_fused_down_rows, "NUM_WARPS": tuning.moe_pairs_fused_warps,
+             "BLOCK": None if tuning.moe_pairs_fused_block is None else bool(tuning.moe_pairs_fused_block)}  # fmt: skip
+    if any(value is not None for value in fused.values()):
+        from reference_engine.kernels import moe_pairs_fused  # it imports moe_decode
 
-        if tuning.moe_pairs_fused_max_tokens is not None:
-            moe_pairs_fused.MAX_TOKENS = tuning.moe_pairs_fused_max_tokens
-        if tuning.moe_pairs_fused_down_rows is not None:
-            moe_pairs_fused.DOWN_BLOCK_H = tuning.moe_pairs_fused_down_rows
-        if tuning.moe_pairs_fused_warps is not None:
-            moe_pairs_fused.NUM_WARPS = tuning.moe_pairs_fused_warps
-        if tuning.moe_pairs_fused_block is not None:
-            moe_pairs_fused.BLOCK = bool(tuning.moe_pairs_fused_block)
+        for name, value in fused.items():
+            if value is not None:
+                setattr(moe_pairs_fused, name, value)
     if tuning.moe_block_persistent is not None:
         from reference_engine.kernels import moe_block_persistent
 

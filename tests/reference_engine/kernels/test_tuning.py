@@ -162,3 +162,18 @@ def test_the_fused_sampling_switch_is_applied(tmp_path, monkeypatch) -> None:
     path.write_text(json.dumps({"device": "x", "sampling_fused_select": 2}))
     with pytest.raises(ValueError, match="sampling_fused_select"):
         tuning.apply_tuning(path)
+
+
+def test_the_one_launch_moe_keys_are_applied_and_checked(tmp_path, monkeypatch) -> None:
+    from reference_engine.kernels import moe_pairs_fused
+
+    for name, value in (("MAX_TOKENS", 0), ("BLOCK", False), ("DOWN_BLOCK_H", 8), ("NUM_WARPS", 4)):
+        monkeypatch.setattr(moe_pairs_fused, name, value)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"device": "x", "moe_pairs_fused_max_tokens": 4, "moe_pairs_fused_block": 1, "moe_pairs_fused_down_rows": 16}))
+    tuning.apply_tuning(path)
+    assert (moe_pairs_fused.MAX_TOKENS, moe_pairs_fused.BLOCK, moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS) == (4, True, 16, 4)
+    for key, bad in (("moe_pairs_fused_warps", 3), ("moe_pairs_fused_down_rows", 12), ("moe_pairs_fused_block", 2)):
+        path.write_text(json.dumps({"device": "x", key: bad}))
+        with pytest.raises(ValueError, match=key):
+            tuning.apply_tuning(path)
