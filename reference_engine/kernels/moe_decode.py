@@ -451,9 +451,8 @@ def nvfp4_experts_with_shared(
     """Routed experts plus the weighted shared expert, one float32 sum per output; the signature of
     `ops.static_moe.nvfp4_experts_with_shared`."""
     _, _, top_k, intermediate = check_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out)
-    routed = [getattr(experts, name).contiguous() for name in _STACKED]
-    shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
-    require_launchable(x, topk_weights, topk_ids, out, *routed, *expert_tensors(shared_tensors))
+    routed, shared_tensors = _contiguous_experts(x, experts, shared)
+    require_launchable(x, topk_weights, topk_ids, out)
     if not capturing(x):
         _check_expert_range(topk_ids[:, :top_k], experts.num_experts)
     _launch(x, topk_weights, topk_ids, *routed, intermediate, out, nvfp4=True, shared=shared_tensors)
@@ -521,11 +520,10 @@ def _block(x, router_weight, experts, shared, top_k, out, router_x=None, add_nor
 
     grouped = moe_grouped_half.runs(num_tokens, x.dtype) or (moe_grouped_decode.MIN_TOKENS is not None and num_tokens >= moe_grouped_decode.MIN_TOKENS)
     if not grouped and moe_pairs_fused.runs_block(num_tokens, x, router_weight):  # router and experts in one launch (`moe_pairs_fused_block`)
-        routed = StackedNvfp4Experts(*(getattr(experts, name).contiguous() for name in _STACKED))
-        shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
-        require_launchable(x, router_weight, *expert_tensors(shared_tensors), routed.gate_up_packed, routed.down_packed)
-        moe_pairs_fused.fused_block_with_shared(x, router_weight, routed, shared_tensors, top_k, out, _settings(num_tokens)[:3], router_x=router_x,
-                                                add_norm=add_norm)  # fmt: skip
+        routed, shared_tensors = _contiguous_experts(x, experts, shared)
+        require_launchable(router_weight, x)
+        moe_pairs_fused.fused_block_with_shared(x, router_weight, StackedNvfp4Experts(*routed), shared_tensors, top_k, out, _settings(num_tokens)[:3],
+                                                router_x=router_x, add_norm=add_norm)  # fmt: skip
         return
     topk_weights = torch.empty(num_tokens, top_k + 1, dtype=torch.float32, device=x.device)
     topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
@@ -544,14 +542,20 @@ def _block(x, router_weight, experts, shared, top_k, out, router_x=None, add_nor
     if moe_grouped_decode.MIN_TOKENS is not None and num_tokens >= moe_grouped_decode.MIN_TOKENS:  # each expert decoded once per batch
         moe_grouped_decode.grouped_experts_with_shared(x, topk_weights, topk_ids, experts, shared, out, check_ids=False)
         return
-    routed = [getattr(experts, name).contiguous() for name in _STACKED]
-    shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
-    require_launchable(x, *routed, *expert_tensors(shared_tensors))
+    routed, shared_tensors = _contiguous_experts(x, experts, shared)
     if moe_pairs_fused.runs(num_tokens, x.dtype):  # gate/up and down in one launch (tuning key `moe_pairs_fused_max_tokens`)
         loop, block_n, block_k = _settings(num_tokens)[:3]
         moe_pairs_fused.fused_pairs_with_shared(x.contiguous(), topk_weights, topk_ids, StackedNvfp4Experts(*routed), shared_tensors, out, (loop, block_n, block_k))
         return
     _launch(x, topk_weights, topk_ids, *routed, int(experts.gate_up_packed.shape[1]) // 2, out, nvfp4=True, shared=shared_tensors)
+
+
+def _contiguous_experts(x, experts: StackedNvfp4Experts, shared: SharedNvfp4Expert) -> tuple[list[torch.Tensor], SharedNvfp4Expert]:
+    """The routed experts' tensors (in `_STACKED` order) and the shared expert, contiguous, checked launchable with x."""
+    routed = [getattr(experts, name).contiguous() for name in _STACKED]
+    shared_tensors = SharedNvfp4Expert(*(getattr(shared, name).contiguous() for name in _SHARED))
+    require_launchable(x, *routed, *expert_tensors(shared_tensors))
+    return routed, shared_tensors
 
 
 def stack_nvfp4_experts(

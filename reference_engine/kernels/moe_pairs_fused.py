@@ -25,11 +25,19 @@ Numerics: the gate/up programs are `moe_decode`'s, bit for bit. The down sums ar
 float16 pairs and float32 block sums, but the slots are added as a tree (`tl.sum` over the slot axis) rather than
 one after another, so outputs agree with the two launches to float32 rounding of the slot sum (the tests bound it).
 
-Tuning key `moe_pairs_fused` (`MAX_TOKENS`, `DOWN_BLOCK_H`, `NUM_WARPS`): off (`MAX_TOKENS` 0) until
-`benchmarks/kernels/time_moe_pairs_fused.py` times it against the two launches.
+The router too (`BLOCK`, `fused_block_with_shared`): the fused router's programs (`router._router_logits_ticket`, with
+the norm before the block when `moe_decode` folds it in) go first in the same grid. The one drawing a token's last ticket
+runs the top-k, then marks the token routed (release). Gate/up programs wait for that mark (the ids, and the normed row
+the norm writer stored before its ticket); down programs wait for it before loading their weights, then for the count.
+
+Tuning keys `moe_pairs_fused_max_tokens` (`MAX_TOKENS`), `moe_pairs_fused_block` (`BLOCK`), `moe_pairs_fused_down_rows`
+(`DOWN_BLOCK_H`) and `moe_pairs_fused_warps` (`NUM_WARPS`): off (`MAX_TOKENS` 0) until
+`benchmarks/kernels/time_moe_pairs_fused.py` times it against the separate launches.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -189,6 +197,50 @@ def runs(num_tokens: int, dtype: torch.dtype) -> bool:
     return 1 <= num_tokens <= MAX_TOKENS and dtype == torch.bfloat16
 
 
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    """What both launches share: the activation buffer, the output target, the expert tensors as the kernels take them
+    (codes as int64 scale blocks), the common constexprs, and the gate/up plus down program count."""
+
+    act: torch.Tensor
+    buffer: torch.Tensor
+    target: torch.Tensor
+    expert_args: tuple
+    constants: dict
+    expert_programs: int
+
+    def finish(self, out: torch.Tensor) -> None:
+        if self.target is not self.buffer:
+            self.buffer.copy_(self.target)
+        finish(self.buffer, out)
+
+
+def _launch_setup(x, experts: StackedNvfp4Experts, shared: SharedNvfp4Expert, top_k: int, out, gate_up_tiles: tuple[int, int, int]) -> _Launch:
+    num_tokens, hidden = x.shape
+    intermediate = int(experts.gate_up_packed.shape[1]) // 2
+    if intermediate % 16 or hidden % 16:
+        raise ValueError(f"the fused launch needs H and I multiples of 16, got H={hidden}, I={intermediate}")
+    loop, block_n, block_k = gate_up_tiles
+    block_n = min(block_n, next_power_of_2(intermediate))
+    block_h = min(DOWN_BLOCK_H, next_power_of_2(hidden))
+    slots = top_k + 1
+    act = torch.empty(num_tokens * slots, intermediate, dtype=torch.bfloat16, device=x.device)
+    buffer = staging_buffer(out)
+    target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
+    i64 = torch.int64
+    expert_args = (experts.gate_up_packed.view(i64), experts.gate_up_scale, experts.gate_up_scale_2, experts.down_packed.view(i64), experts.down_scale,
+                   experts.down_scale_2, shared.gate_up_packed.view(i64), shared.gate_up_scale, shared.gate_up_scale_2, shared.down_packed.view(i64),
+                   shared.down_scale, shared.down_scale_2, act, act.view(torch.int32), target)  # fmt: skip
+    constants = {
+        "H": hidden, "I": intermediate, "TOP_K": top_k, "BLOCK_K": next_power_of_2(top_k), "GU_BLOCK_N": block_n,
+        "GU_BLOCK_K": min(block_k, next_power_of_2(hidden // 2)), "LOOP": loop,
+        "DECODE": 6 if interpreting() else 5,  # the packed float16 pairs with the E4M3 decode (interpreter form / PTX)
+        "BLOCK_H": block_h, "ROUND_BF16": interpreting(), "num_warps": NUM_WARPS,
+    }  # fmt: skip
+    programs = num_tokens * (slots * cdiv(intermediate, block_n) + cdiv(hidden, block_h))
+    return _Launch(act, buffer, target, expert_args, constants, programs)
+
+
 def fused_pairs_with_shared(
     x: torch.Tensor,  # [T, H] bfloat16, contiguous
     topk_weights: torch.Tensor,  # [T, top_k + 1] float32
@@ -200,35 +252,14 @@ def fused_pairs_with_shared(
 ) -> None:
     """The routed experts plus the weighted shared expert in one launch (module docstring); inputs as `moe_decode._launch`
     takes them after its checks. Writes every element of `out`."""
-    num_tokens, hidden = x.shape
+    num_tokens = x.shape[0]
     if num_tokens == 0:
         return
-    slots = topk_ids.shape[1]
-    top_k = slots - 1
-    intermediate = int(experts.gate_up_packed.shape[1]) // 2
-    if intermediate % 16 or hidden % 16:
-        raise ValueError(f"the fused launch needs H and I multiples of 16, got H={hidden}, I={intermediate}")
-    loop, block_n, block_k = gate_up_tiles
-    block_n = min(block_n, next_power_of_2(intermediate))
-    block_k = min(block_k, next_power_of_2(hidden // 2))
-    decode = 6 if interpreting() else 5  # the packed float16 pairs with the E4M3 decode (interpreter form / PTX)
-    act = torch.empty(num_tokens * slots, intermediate, dtype=torch.bfloat16, device=x.device)
-    buffer = staging_buffer(out)
-    target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
-    block_h = min(DOWN_BLOCK_H, next_power_of_2(hidden))
-    programs = num_tokens * slots * cdiv(intermediate, block_n) + num_tokens * cdiv(hidden, block_h)
-    i64 = torch.int64
-    _fused_pairs_kernel[(programs,)](
-        x.view(torch.int32), topk_ids, topk_weights, experts.gate_up_packed.view(i64), experts.gate_up_scale, experts.gate_up_scale_2,
-        experts.down_packed.view(i64), experts.down_scale, experts.down_scale_2, shared.gate_up_packed.view(i64), shared.gate_up_scale,
-        shared.gate_up_scale_2, shared.down_packed.view(i64), shared.down_scale, shared.down_scale_2, act, act.view(torch.int32), target,
-        ticket_counters(x.device, 2 * num_tokens), num_tokens,
-        H=hidden, I=intermediate, TOP_K=top_k, BLOCK_K=next_power_of_2(top_k), GU_BLOCK_N=block_n, GU_BLOCK_K=block_k, LOOP=loop, DECODE=decode,
-        BLOCK_H=block_h, ROUND_BF16=interpreting(), num_warps=NUM_WARPS,
+    launch = _launch_setup(x, experts, shared, topk_ids.shape[1] - 1, out, gate_up_tiles)
+    _fused_pairs_kernel[(launch.expert_programs,)](
+        x.view(torch.int32), topk_ids, topk_weights, *launch.expert_args, ticket_counters(x.device, 2 * num_tokens), num_tokens, **launch.constants,
     )  # fmt: skip
-    if target is not buffer:
-        buffer.copy_(target)
-    finish(buffer, out)
+    launch.finish(out)
 
 
 def runs_block(num_tokens: int, x: torch.Tensor, router_weight: torch.Tensor) -> bool:
@@ -259,37 +290,19 @@ def fused_block_with_shared(
     if num_tokens == 0:
         return
     num_experts = router_weight.shape[0] - 1
-    intermediate = int(experts.gate_up_packed.shape[1]) // 2
-    loop, block_n, block_k = gate_up_tiles
-    block_n = min(block_n, next_power_of_2(intermediate))
-    block_k = min(block_k, next_power_of_2(hidden // 2))
-    decode = 6 if interpreting() else 5
-    slots = top_k + 1
+    launch = _launch_setup(x, experts, shared, top_k, out, gate_up_tiles)
     logits = torch.empty(num_tokens, num_experts + 1, dtype=x.dtype, device=x.device)
-    topk_weights = torch.empty(num_tokens, slots, dtype=torch.float32, device=x.device)
-    topk_ids = torch.empty(num_tokens, slots, dtype=torch.int32, device=x.device)
-    act = torch.empty(num_tokens * slots, intermediate, dtype=torch.bfloat16, device=x.device)
-    buffer = staging_buffer(out)
-    target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
-    block_h = min(DOWN_BLOCK_H, next_power_of_2(hidden))
+    topk_weights = torch.empty(num_tokens, top_k + 1, dtype=torch.float32, device=x.device)
+    topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
     router_blocks = cdiv(num_experts + 1, router.ROUTER_ROWS)
-    programs = num_tokens * (router_blocks + slots * cdiv(intermediate, block_n) + cdiv(hidden, block_h))
-    norm = {}
     if add_norm is not None:
         norm = {"residual_ptr": add_norm.residual, "norm_w_ptr": add_norm.weight, "normed_ptr": add_norm.out, "residual_out_ptr": add_norm.residual_out,
                 "eps": float(add_norm.eps), "ADD_NORM": True, "NORM_WRITER": router.NORM_WRITER}  # fmt: skip
     else:
         norm = {"residual_ptr": x, "norm_w_ptr": x, "normed_ptr": x, "residual_out_ptr": x, "eps": 0.0, "ADD_NORM": False, "NORM_WRITER": 0}
-    i64 = torch.int64
-    _fused_block_kernel[(programs,)](
-        x if add_norm is None else router_x, router_weight, logits, topk_ids, topk_weights, x.view(torch.int32),
-        experts.gate_up_packed.view(i64), experts.gate_up_scale, experts.gate_up_scale_2, experts.down_packed.view(i64), experts.down_scale,
-        experts.down_scale_2, shared.gate_up_packed.view(i64), shared.gate_up_scale, shared.gate_up_scale_2, shared.down_packed.view(i64),
-        shared.down_scale, shared.down_scale_2, act, act.view(torch.int32), target, ticket_counters(x.device, 4 * num_tokens), num_tokens, num_experts,
-        H=hidden, I=intermediate, TOP_K=top_k, BLOCK_K=next_power_of_2(top_k), BLOCK_E=next_power_of_2(num_experts), ROUTER_ROWS=router.ROUTER_ROWS,
-        ROUTER_BLOCK_H=min(router.ROUTER_BLOCK_H, next_power_of_2(hidden)), ROUTER_BLOCKS=router_blocks, GU_BLOCK_N=block_n, GU_BLOCK_K=block_k,
-        LOOP=loop, DECODE=decode, BLOCK_H=block_h, ROUND_BF16=interpreting(), BF16=True, num_warps=NUM_WARPS, **norm,
+    _fused_block_kernel[(num_tokens * router_blocks + launch.expert_programs,)](
+        x if add_norm is None else router_x, router_weight, logits, topk_ids, topk_weights, x.view(torch.int32), *launch.expert_args,
+        ticket_counters(x.device, 4 * num_tokens), num_tokens, num_experts, BLOCK_E=next_power_of_2(num_experts), ROUTER_ROWS=router.ROUTER_ROWS,
+        ROUTER_BLOCK_H=min(router.ROUTER_BLOCK_H, next_power_of_2(hidden)), ROUTER_BLOCKS=router_blocks, BF16=True, **launch.constants, **norm,
     )  # fmt: skip
-    if target is not buffer:
-        buffer.copy_(target)
-    finish(buffer, out)
+    launch.finish(out)
