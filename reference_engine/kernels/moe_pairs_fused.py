@@ -63,12 +63,26 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _wait_for(counter_ptr, target):
-    """Spin until the int32 at `counter_ptr` reaches `target` (volatile reads), then one acquire read."""
-    seen = tl.load(counter_ptr, volatile=True)
+def _wait_for(counter_ptr, target, ASM: tl.constexpr):
+    """Spin until the int32 at `counter_ptr` reaches `target`, each read an acquire at GPU scope (`ld.acquire.gpu`), so
+    what the producers stored before their release is visible to every load after the loop. ASM off (the interpreter,
+    where programs run one after another): plain volatile reads.
+
+    Why not volatile reads then one `atomic_add(ptr, 0, sem="acquire")`: Triton 3.6 drops an atomic add of 0 whose
+    result is unused when it lowers to LLVM, so that acquire never reached the PTX (run78 on an H100: the down programs
+    read stale activations). `tests/.../test_moe_pairs_fused.py` compiles the kernels for sm_90 and checks the PTX."""
+    seen = _load_acquire(counter_ptr, ASM)
     while seen < target:
-        seen = tl.load(counter_ptr, volatile=True)
-    tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        seen = _load_acquire(counter_ptr, ASM)
+
+
+@triton.jit
+def _load_acquire(ptr, ASM: tl.constexpr):
+    """The int32 at `ptr`, read with acquire semantics at GPU scope (ASM), or a volatile read (interpreter)."""
+    if ASM:
+        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        return tl.load(ptr, volatile=True)
 
 
 @triton.jit
@@ -98,7 +112,7 @@ def _down_program(
     shared_codes = tl.load(sd_w_ptr + shared_offsets, mask=row_ok[:, None], other=0)
     shared_scales = tl.load(sd_scale_ptr + shared_offsets, mask=row_ok[:, None], other=0.0)
     shared_scale = tl.load(weights_ptr + pair0 + TOP_K) * tl.load(sd_s2_ptr)
-    _wait_for(counter_ptr + token, READY)
+    _wait_for(counter_ptr + token, READY, ASM)
     shape: tl.constexpr = (BLOCK_K, BLOCK_H, NB)
     act_rows = act32_ptr + (pair0 + slots).to(tl.int64)[:, None] * (I // 2)  # [BK, 1] row pointers (int32 words)
     p0, p1, p2, p3, p4, p5, p6, p7 = _x_half_pairs(act_rows, blocks[None, :], slot_ok[:, None], ASM, True, True)  # [BK, NB] each
@@ -176,7 +190,7 @@ def _fused_block_kernel(
         g = pid - routers
         pair = g // GU_ROW_BLOCKS
         token = pair // SLOTS
-        _wait_for(counter_ptr + T + token, 1)  # the ids (and with ADD_NORM the normed x) are written
+        _wait_for(counter_ptr + T + token, 1, DECODE == 5)  # the ids (and with ADD_NORM the normed x) are written
         _gate_up_program(pair, g % GU_ROW_BLOCKS, x32_ptr, ids_ptr, gu_w_ptr, gu_scale_ptr, gu_s2_ptr, act_ptr, H, I, TOP_K, True, GU_BLOCK_N,
                          GU_BLOCK_K, sgu_w_ptr, sgu_scale_ptr, sgu_s2_ptr, True, LOOP, DECODE, ROUND_BF16)  # fmt: skip
         tl.debug_barrier()  # every thread's activations are stored before the count is raised (release, GPU scope)
@@ -184,7 +198,7 @@ def _fused_block_kernel(
     else:
         d = pid - routers - T * READY
         token = d // ROW_BLOCKS
-        _wait_for(counter_ptr + T + token, 1)  # the ids are written: the down weights can be loaded
+        _wait_for(counter_ptr + T + token, 1, DECODE == 5)  # the ids are written: the down weights can be loaded
         last = _down_program(d, act32_ptr, ids_ptr, weights_ptr, d_w_ptr, d_scale_ptr, d_s2_ptr, sd_w_ptr, sd_scale_ptr, sd_s2_ptr, out_ptr,
                              counter_ptr + 2 * T, T, H, I, TOP_K, BLOCK_K, BLOCK_H, READY, ROW_BLOCKS, DECODE == 5)  # fmt: skip
         if last:
