@@ -40,6 +40,9 @@ from reference_engine.kernels import (
 )
 
 TARGET = GPUTarget("cuda", 90, 32)
+# PTX a kernel must contain (name substring -> pattern): the fused MoE launches' spin waits read with acquire (run78:
+# an unused `atomic_add(ptr, 0, sem="acquire")` never reached the PTX; tests/reference_engine/kernels/test_spin_wait_ptx.py)
+PTX_REQUIRED = {"moe pairs fused": r"ld\.acquire\.gpu\.global", "moe block fused": r"ld\.acquire\.gpu\.global"}
 I32 = "i32"
 
 
@@ -184,6 +187,9 @@ def main() -> int:
         try:
             compiled = triton.compile(ASTSource(kernel, full, constexprs=constants), target=TARGET, options=options)
             shared = compiled.metadata.shared
+            missing = [pattern for part, pattern in PTX_REQUIRED.items() if part in name and not re.search(pattern, compiled.asm["ptx"])]
+            if missing:
+                raise AssertionError(f"PTX lacks {missing}")
             print(f"ok   {name:32s} {time.perf_counter() - start:5.1f} s  shared {shared} B  warps {compiled.metadata.num_warps}{_registers(compiled)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every kernel
             failures += 1
