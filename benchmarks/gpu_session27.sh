@@ -10,6 +10,7 @@
 # 3. With TILED=1 (run78's of session 26, not run yet): `kernels/time_moe_tiled.py --per-pair --tokens 2,4,8,12,16` and
 #    its adoption. (`time_gemv_tiled.py --lm-head` waits for a later call.)
 # The tuning file after adoption is $OUT/$NAME-tuning.json: copy it into the repository, commit, then bench.
+# run78 (H100): the CUDA tests failed (the wait had no acquire in the PTX); fixed in 775013a, run it again as run79.
 # Short on device time: SHORT=1 (one batch of each CUDA test, TOKENS=1,8). ROUNDS: model-graph rounds (default 1).
 set -u
 OUT="${OUT:-/tmp/session27-out}"; NAME="${NAME:-session27}"; COMMIT="${COMMIT:-unknown}"

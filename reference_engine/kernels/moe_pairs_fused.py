@@ -12,7 +12,7 @@ Here one launch of P_GU + P_D programs on a 1-D grid does both:
 - programs P_GU .. are down programs, one per (token t, BLOCK_H output rows). Each first loads the codes and block
   scales of its rows for all K routed experts of the token (a [K, BLOCK_H, I/16] tile of int64 scale blocks) and of the
   shared expert, with the routing weights and tensor scales; then it waits until the token's counter reaches
-  (K + 1) * cdiv(I, BLOCK_N), the token's gate/up program count (volatile reads, then one acquire); then reads the
+  (K + 1) * cdiv(I, BLOCK_N), the token's gate/up program count (acquire reads, `_wait_for`); then reads the
   token's K + 1 activation rows from L2, forms the dot products and writes out[t, rows] =
   sum_j w_j * down_j(act_j) + w_shared * down_shared(act_shared). The last down program of a token (a second,
   per-token ticket) puts both counters back to zero, so a CUDA graph can replay the launch.
