@@ -11,13 +11,13 @@
 #    its adoption. (`time_gemv_tiled.py --lm-head` waits for a later call.)
 # The tuning file after adoption is $OUT/$NAME-tuning.json: copy it into the repository, commit, then bench.
 # run78 (H100): the CUDA tests failed (the wait had no acquire in the PTX); fixed in 775013a, run it again as run79.
-# Short on device time: SHORT=1 (one batch of each CUDA test, TOKENS=1,8). ROUNDS: model-graph rounds (default 1).
+# Short on device time: SHORT=1 (the CUDA tests at the batches that failed in run78: 2, and 4 with the router; TOKENS=1,8). ROUNDS: model-graph rounds (default 1).
 set -u
 OUT="${OUT:-/tmp/session27-out}"; NAME="${NAME:-session27}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
 if [ "${SHORT:-0}" = 1 ]; then
   F=tests/reference_engine/kernels/test_moe_pairs_fused.py
-  PYTEST_TESTS="$F::test_fused_launch_on_cuda_matches_two_launches_and_replays[1] $F::test_block_launch_with_router_and_norm_on_cuda_matches_separate_launches[1]"
+  PYTEST_TESTS="$F::test_fused_launch_on_cuda_matches_two_launches_and_replays[2] $F::test_block_launch_with_router_and_norm_on_cuda_matches_separate_launches[4]"
   TOKENS="${TOKENS:-1,8}"
 fi
 TUNING=reference_engine/kernels/tuned/nvidia-h200.json  # the H100 takes the H200's file (same architecture)
