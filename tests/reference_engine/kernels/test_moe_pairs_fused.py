@@ -9,7 +9,9 @@ counts the calls); known-wrong inputs (shared expert dropped, a routed slot drop
 expert negated) must miss the reference by far more than the bound; the router in the launch too (`BLOCK`), with and
 without the norm before the block, against the router launch followed by the experts' launch.
 CUDA (real shapes, T = 1, 2, 4, 8): against the two launches, and replayed from a CUDA graph 16 times on fresh inputs
-(the counters reset themselves; each replay checked); the block launch with router and norm at T = 1 and 4.
+(the counters reset themselves; each replay checked); the block launch with router and norm at T = 1 and 4. Before
+each launch a NaN block of the activation size is freed, so a down program that reads early sees poison (run78). The
+wait's acquire itself is checked in the sm_90 PTX by `test_spin_wait_ptx.py`.
 """
 
 from __future__ import annotations
