@@ -159,6 +159,14 @@ def configs():
             "num_warps": 4}  # fmt: skip
 
 
+def _acquires(compiled) -> tuple[int, int]:
+    """(atomics with acquire or acq_rel semantics in the TTGIR, acquiring instructions in the PTX). Lowering can drop an
+    atomic whose result is unused (run78); one that orders later loads must survive."""
+    asked = len(re.findall(r"tt\.atomic_rmw \w+, (acquire|acq_rel)", compiled.asm["ttgir"]))
+    kept = len(re.findall(r"\b(atom|ld|red)\.[\w.]*\b(acquire|acq_rel)\b", compiled.asm["ptx"]))
+    return asked, kept
+
+
 def _registers(compiled) -> str:
     """", N registers, S spill bytes" from the bundled ptxas's report on the kernel's PTX ("" if it gives none)."""
     from triton.backends.nvidia.compiler import get_ptxas
@@ -190,6 +198,9 @@ def main() -> int:
             missing = [pattern for part, pattern in PTX_REQUIRED.items() if part in name and not re.search(pattern, compiled.asm["ptx"])]
             if missing:
                 raise AssertionError(f"PTX lacks {missing}")
+            asked, kept = _acquires(compiled)
+            if kept < asked:
+                raise AssertionError(f"{asked} acquiring atomics in the TTGIR, {kept} acquiring instructions in the PTX: one was dropped")
             print(f"ok   {name:32s} {time.perf_counter() - start:5.1f} s  shared {shared} B  warps {compiled.metadata.num_warps}{_registers(compiled)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every kernel
             failures += 1
