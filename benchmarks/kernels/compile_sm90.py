@@ -43,6 +43,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 # PTX a kernel must contain (name substring -> pattern): the fused MoE launches' spin waits read with acquire (run78:
 # an unused `atomic_add(ptr, 0, sem="acquire")` never reached the PTX; tests/reference_engine/kernels/test_spin_wait_ptx.py)
 PTX_REQUIRED = {"moe pairs fused": r"ld\.acquire\.gpu\.global", "moe block fused": r"ld\.acquire\.gpu\.global"}
+# An acquiring instruction in PTX: `atom.global.gpu.acq_rel.add`, `ld.acquire.gpu.global`, ...
+ACQUIRING_PTX = r"\b(atom|ld|red)\.[\w.]*\b(acquire|acq_rel)\b"
 I32 = "i32"
 
 
@@ -163,7 +165,7 @@ def _acquires(compiled) -> tuple[int, int]:
     """(atomics with acquire or acq_rel semantics in the TTGIR, acquiring instructions in the PTX). Lowering can drop an
     atomic whose result is unused (run78); one that orders later loads must survive."""
     asked = len(re.findall(r"tt\.atomic_rmw \w+, (acquire|acq_rel)", compiled.asm["ttgir"]))
-    kept = len(re.findall(r"\b(atom|ld|red)\.[\w.]*\b(acquire|acq_rel)\b", compiled.asm["ptx"]))
+    kept = len(re.findall(ACQUIRING_PTX, compiled.asm["ptx"]))
     return asked, kept
 
 

@@ -190,11 +190,13 @@ def test_fused_launch_matches_reference_and_two_launches_and_rejects_wrong_input
     assert_script_ok(run)
 
 
-def poison_next_activation_buffer(tokens: int, intermediate: int = 512, slots: int = 9) -> None:
+def poison_next_activation_buffer(tokens: int) -> None:
     """Free a NaN block of the launch's activation size just before it allocates one: the caching allocator hands that
     block back, so a down program that reads before its gate/up programs stored shows NaN instead of the previous
     call's (correct) activations, which hid the dropped acquire at 1 and 8 tokens in run78."""
-    poison = torch.full((tokens * slots, intermediate), float("nan"), dtype=torch.bfloat16, device="cuda")
+    from real_moe_layer import INTER, TOP_K
+
+    poison = torch.full((tokens * (TOP_K + 1), INTER), float("nan"), dtype=torch.bfloat16, device="cuda")
     del poison
 
 

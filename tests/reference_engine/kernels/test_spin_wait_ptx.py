@@ -26,6 +26,7 @@ from reference_engine.kernels.launch import interpreting
 pytestmark = pytest.mark.skipif(interpreting(), reason="compiles for sm_90: needs the compiler, not the interpreter")
 
 REPO = Path(__file__).resolve().parents[3]
+DATA_LOAD = r"\bld\.global\.cg\."  # the consumer's load of what the producers stored
 SIGNATURE = {"counter_ptr": "*i32", "data_ptr": "*i32", "out_ptr": "*i32"}
 
 
@@ -53,31 +54,31 @@ def ptx(kernel) -> str:
     return compiled(kernel).asm["ptx"]
 
 
-def compile_check():
-    """`_acquires` of `benchmarks/kernels/compile_sm90.py`, the check its every-kernel compile applies."""
+def compile_sm90():
+    """`benchmarks/kernels/compile_sm90.py`: its every-kernel check (`_acquires`) and its PTX pattern."""
     sys.path.insert(0, str(REPO / "benchmarks" / "kernels"))
     try:
         import compile_sm90
     finally:
         sys.path.pop(0)
-    return compile_sm90._acquires
+    return compile_sm90
 
 
 def acquire_before_data_load(text: str) -> bool:
     """True when an acquire read of the counter comes before the load of the data the producers wrote."""
-    acquire = re.search(r"\b(ld|atom)(\.global)?\.(acquire|acq_rel)\b|\bld\.acquire\.gpu", text)
-    data = re.search(r"\bld\.global\.cg\.", text)
+    acquire = re.search(compile_sm90().ACQUIRING_PTX, text)
+    data = re.search(DATA_LOAD, text)
     return acquire is not None and data is not None and acquire.start() < data.start()
 
 
 def test_the_dropped_acquire_is_reported():
     text = ptx(_volatile_then_unused_acquire)
-    assert "ld.volatile.global" in text  # the spin itself is there
+    assert "ld.volatile.global" in text and re.search(DATA_LOAD, text)  # the spin and the data load are there
     assert not acquire_before_data_load(text)
 
 
 def test_the_every_kernel_compile_counts_the_dropped_acquire():
-    acquires = compile_check()
+    acquires = compile_sm90()._acquires
     assert acquires(compiled(_volatile_then_unused_acquire)) == (1, 0)  # asked for in the TTGIR, absent from the PTX
     asked, kept = acquires(compiled(_wait_for_then_load))
     assert asked == 0 and kept >= 1  # inline acquire loads: nothing to drop
