@@ -42,7 +42,7 @@ from reference_engine.kernels import (
 TARGET = GPUTarget("cuda", 90, 32)
 # PTX a kernel must contain (name substring -> pattern): the fused MoE launches' spin waits read with acquire (run78:
 # an unused `atomic_add(ptr, 0, sem="acquire")` never reached the PTX; tests/reference_engine/kernels/test_spin_wait_ptx.py)
-PTX_REQUIRED = {"moe pairs fused": r"ld\.acquire\.gpu\.global", "moe block fused": r"ld\.acquire\.gpu\.global"}
+PTX_REQUIRED = {"moe pairs fused": r"ld\.acquire\.gpu\.global", "moe block fused": r"ld\.acquire\.gpu\.global", "sleep=": r"nanosleep\.u32"}
 # An acquiring instruction in PTX: `atom.global.gpu.acq_rel.add`, `ld.acquire.gpu.global`, ...
 ACQUIRING_PTX = r"\b(atom|ld|red)\.[\w.]*\b(acquire|acq_rel)\b"
 I32 = "i32"
@@ -145,20 +145,21 @@ def configs():
     fused_sig = {"x32_ptr": "*i32", "ids_ptr": "*i32", "weights_ptr": "*fp32",
                  **{f"{prefix}{name}": kind for prefix in ("gu", "d", "sgu", "sd") for name, kind in (("_w_ptr", "*i64"), ("_scale_ptr", "*fp8e4nv"), ("_s2_ptr", "*fp32"))},
                  "act_ptr": "*bf16", "act32_ptr": "*i32", "out_ptr": "*bf16", "counter_ptr": "*i32", "T": I32}  # fmt: skip
-    for gbn, gbk, loop, rows, warps in ((8, 256, 3, 8, 4), (8, 256, 3, 4, 4), (8, 256, 3, 16, 4), (32, 64, 0, 8, 4), (8, 256, 3, 8, 8)):  # time_moe_pairs_fused's forms
-        yield f"moe pairs fused {gbn}/{gbk} loop={loop} down rows={rows} warps={warps}", moe_pairs_fused._fused_pairs_kernel, fused_sig, {
+    for gbn, gbk, loop, rows, warps, sleep in ((8, 256, 3, 8, 4, 0), (8, 256, 3, 4, 4, 0), (8, 256, 3, 16, 4, 0), (32, 64, 0, 8, 4, 0), (8, 256, 3, 8, 8, 0),
+                                               (8, 256, 3, 4, 4, 200), (8, 256, 3, 8, 8, 1000)):  # time_moe_pairs_fused's forms
+        yield f"moe pairs fused {gbn}/{gbk} loop={loop} down rows={rows} warps={warps}" + (f" sleep={sleep}" if sleep else ""), moe_pairs_fused._fused_pairs_kernel, fused_sig, {
             "H": 2048, "I": 512, "TOP_K": 8, "BLOCK_K": 8, "GU_BLOCK_N": gbn, "GU_BLOCK_K": gbk, "LOOP": loop, "DECODE": 5, "BLOCK_H": rows,
-            "ROUND_BF16": False, "num_warps": warps}  # fmt: skip
+            "ROUND_BF16": False, "SLEEP_NS": sleep, "num_warps": warps}  # fmt: skip
 
     block_sig = {"rx_ptr": "*bf16", "router_w_ptr": "*bf16", "logits_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32", "x32_ptr": "*i32",
                  **{f"{prefix}{name}": kind for prefix in ("gu", "d", "sgu", "sd") for name, kind in (("_w_ptr", "*i64"), ("_scale_ptr", "*fp8e4nv"), ("_s2_ptr", "*fp32"))},
                  "act_ptr": "*bf16", "act32_ptr": "*i32", "out_ptr": "*bf16", "counter_ptr": "*i32", "T": I32, "E": I32,
                  "residual_ptr": "*bf16", "norm_w_ptr": "*bf16", "normed_ptr": "*bf16", "residual_out_ptr": "*bf16", "eps": "fp32"}  # fmt: skip
-    for add_norm in (True, False):
-        yield f"moe block fused add_norm={add_norm}", moe_pairs_fused._fused_block_kernel, block_sig, {
+    for add_norm, sleep in ((True, 0), (False, 0), (True, 200)):
+        yield f"moe block fused add_norm={add_norm}" + (f" sleep={sleep}" if sleep else ""), moe_pairs_fused._fused_block_kernel, block_sig, {
             "H": 2048, "I": 512, "TOP_K": 8, "BLOCK_K": 8, "BLOCK_E": 256, "ROUTER_ROWS": 2, "ROUTER_BLOCK_H": 2048, "ROUTER_BLOCKS": 129, "GU_BLOCK_N": 8,
             "GU_BLOCK_K": 256, "LOOP": 3, "DECODE": 5, "BLOCK_H": 8, "ROUND_BF16": False, "ADD_NORM": add_norm, "BF16": True, "NORM_WRITER": 0,
-            "num_warps": 4}  # fmt: skip
+            "SLEEP_NS": sleep, "num_warps": 4}  # fmt: skip
 
 
 def _acquires(compiled) -> tuple[int, int]:

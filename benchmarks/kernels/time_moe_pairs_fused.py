@@ -5,8 +5,8 @@
 The real layer (E=256, H=2048, I=512, top-8 plus the shared expert, NVFP4; `time_moe_decode.layer`, four copies cycled in
 a CUDA graph of 8 calls so that every call streams its weights from HBM), this card's tuning file applied. Per batch:
 - experts alone (ids and weights given): `moe_decode.nvfp4_experts_with_shared` (gate/up launch, down launch, the
-  committed settings) against `moe_pairs_fused.fused_pairs_with_shared` with down tiles of 4, 8 and 16 rows and 4 or 8
-  warps (`FORMS`);
+  committed settings) against `moe_pairs_fused.fused_pairs_with_shared` with down tiles of 4, 8 and 16 rows, 4 or 8
+  warps, and a waiting program spinning or sleeping 200 or 1000 ns between its counter reads (`FORMS`);
 - the whole block as the model runs it (`moe_decode.moe_block_decode`: the fused router, then the experts) with the
   fused launch off, on at the best form of the experts-alone rows, and with the router in the same launch (`BLOCK`).
 Every form's output is first compared with the two launches' on the same inputs (NaN-poisoned outputs): they differ
@@ -21,7 +21,7 @@ last logits' largest difference and top-1 (the slot sum's order differs, so the 
 `--tuning FILE`: writes `moe_pairs_fused_max_tokens` (the largest batch timed up to which the fused block beats the
 two launches by `MIN_GAIN` at every batch timed, in either form; 0 when batch 1 does not), `moe_pairs_fused_block` (1 when
 the router in the launch beat the experts alone by `MIN_GAIN` at each of those batches) and `moe_pairs_fused_down_rows` /
-`moe_pairs_fused_warps` (batch 1's best form) into FILE.
+`moe_pairs_fused_warps` / `moe_pairs_fused_spin_ns` (batch 1's best form) into FILE.
 """
 
 # ruff: noqa: B023 - `step` is captured and replayed within the loop iteration that made it
@@ -44,9 +44,15 @@ from reference_engine.kernels.tuning import apply_for_cuda, write_setting
 
 CALLS = 8
 ROUNDS = 3
-FORMS = ((8, 4), (4, 4), (16, 4), (8, 8))  # (down rows, warps) of the fused launch; the first is the module default
+FORMS = ((8, 4, 0), (4, 4, 0), (16, 4, 0), (8, 8, 0), (4, 4, 200), (4, 4, 1000), (8, 8, 200), (8, 8, 1000))  # (down rows, warps, sleep ns)
+# of the fused launch; the first is the module default. Sleeps: run79 timed the spinning forms at 1.5x the two launches at T=1.
 AGREE = 4e-3  # relative difference allowed against the two launches (float32 slot-sum order, then bfloat16 rounding)
 MIN_GAIN = 1.03
+
+
+def form_name(form: tuple[int, int, int]) -> str:
+    rows, warps, sleep_ns = form
+    return f"fused rows {rows} warps {warps} sleep {sleep_ns}"
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -63,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     apply_for_cuda()
-    committed = moe_pairs_fused.MAX_TOKENS, moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS, moe_pairs_fused.BLOCK
+    committed = moe_pairs_fused.MAX_TOKENS, moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS, moe_pairs_fused.SPIN_NS, moe_pairs_fused.BLOCK
     layers = [layer() for _ in range(COPIES)]
     gen = torch.Generator().manual_seed(1)
     records = []
@@ -80,7 +86,7 @@ def main() -> None:
         def fused(index: int, out: torch.Tensor, form=FORMS[0]) -> None:
             experts, shared, _ = layers[index % COPIES]
             x, ids, weights = inputs[index % COPIES]
-            moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS = form
+            moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS, moe_pairs_fused.SPIN_NS = form
             moe_pairs_fused.fused_pairs_with_shared(x, weights, ids, experts, shared, out, tiles)
 
         def block(index: int, out: torch.Tensor, setting: str) -> None:
@@ -99,7 +105,7 @@ def main() -> None:
             agreement[form] = relative(got, want) if torch.isfinite(got).all() else float("inf")
             if not agreement[form] < AGREE:
                 raise SystemExit(f"T={tokens} form {form}: the fused launch and the two launches disagree ({agreement[form]:.3g})")
-        rounds: dict[str, list[float]] = {"two launches": [], **{f"fused rows {r} warps {w}": [] for r, w in FORMS}}
+        rounds: dict[str, list[float]] = {"two launches": [], **{form_name(form): [] for form in FORMS}}
         for _ in range(ROUNDS):
 
             def step():
@@ -113,10 +119,10 @@ def main() -> None:
                     for index in range(CALLS):
                         fused(index, outs[index % COPIES], form)
 
-                rounds[f"fused rows {form[0]} warps {form[1]}"].append(graph_seconds(fused_step) * 1e6 / CALLS)
+                rounds[form_name(form)].append(graph_seconds(fused_step) * 1e6 / CALLS)
         best = {name: min(values) for name, values in rounds.items()}
-        best_form = min(FORMS, key=lambda f: best[f"fused rows {f[0]} warps {f[1]}"])
-        moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS = best_form
+        best_form = min(FORMS, key=lambda f: best[form_name(f)])
+        moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS, moe_pairs_fused.SPIN_NS = best_form
         block_want = torch.full((tokens, H), float("nan"), device="cuda", dtype=torch.bfloat16)
         block(1, block_want, "off")
         block_agreement = {}
@@ -137,16 +143,16 @@ def main() -> None:
                 block_rounds[name].append(graph_seconds(block_step) * 1e6 / CALLS)
         block_best = {name: min(values) for name, values in block_rounds.items()}
         record = {"tokens": tokens, "gate_up_tiles": list(tiles), "experts_us": best, "experts_rounds_us": rounds,
-                  "agreement": {f"{r}/{w}": a for (r, w), a in agreement.items()}, "best_form": list(best_form),
+                  "agreement": {"/".join(map(str, form)): a for form, a in agreement.items()}, "best_form": list(best_form),
                   "block_us": block_best, "block_rounds_us": block_rounds, "block_agreement": block_agreement,
                   "block_ratio": block_best["on"] / block_best["off"], "block_router_ratio": block_best["block"] / block_best["off"]}  # fmt: skip
         records.append(record)
         print(f"T={tokens}: experts two launches {best['two launches']:6.2f} us; "
-              + ", ".join(f"rows {r} warps {w} {best[f'fused rows {r} warps {w}']:6.2f}" for r, w in FORMS)
+              + ", ".join(f"{form_name(form)[6:]} {best[form_name(form)]:6.2f}" for form in FORMS)
               + f"; block off {block_best['off']:6.2f}, experts fused {block_best['on']:6.2f}, router too {block_best['block']:6.2f} us "
               f"(ratios {record['block_ratio']:.3f}, {record['block_router_ratio']:.3f}; best form {best_form}; agreement {block_agreement})", flush=True)  # fmt: skip
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "records": records}, indent=1))
-    moe_pairs_fused.MAX_TOKENS, moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS, moe_pairs_fused.BLOCK = committed
+    moe_pairs_fused.MAX_TOKENS, moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS, moe_pairs_fused.SPIN_NS, moe_pairs_fused.BLOCK = committed
     if args.tuning:
         max_tokens, block_wins = 0, True
         for record in sorted(records, key=lambda r: r["tokens"]):
@@ -159,10 +165,11 @@ def main() -> None:
         write_setting(args.tuning, "moe_pairs_fused_block", int(max_tokens > 0 and block_wins))
         one = [r for r in records if r["tokens"] == 1]
         if one:
-            rows, warps = one[0]["best_form"]
+            rows, warps, sleep_ns = one[0]["best_form"]
             write_setting(args.tuning, "moe_pairs_fused_down_rows", rows)
             write_setting(args.tuning, "moe_pairs_fused_warps", warps)
-        print(f"tuning: moe_pairs_fused_max_tokens = {max_tokens}, moe_pairs_fused_block = {int(max_tokens > 0 and block_wins)}" + (f", down rows {rows}, warps {warps} (batch 1's best form)" if one else ""))
+            write_setting(args.tuning, "moe_pairs_fused_spin_ns", sleep_ns)
+        print(f"tuning: moe_pairs_fused_max_tokens = {max_tokens}, moe_pairs_fused_block = {int(max_tokens > 0 and block_wins)}" + (f", down rows {rows}, warps {warps}, sleep {sleep_ns} ns (batch 1's best form)" if one else ""))
     if args.model_graph:
         del layers
         torch.cuda.empty_cache()

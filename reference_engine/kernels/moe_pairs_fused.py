@@ -33,7 +33,7 @@ runs the top-k, then marks the token routed (release). Gate/up programs wait for
 the norm writer stored before its ticket); down programs wait for it before loading their weights, then for the count.
 
 Tuning keys `moe_pairs_fused_max_tokens` (`MAX_TOKENS`), `moe_pairs_fused_block` (`BLOCK`), `moe_pairs_fused_down_rows`
-(`DOWN_BLOCK_H`) and `moe_pairs_fused_warps` (`NUM_WARPS`): off (`MAX_TOKENS` 0) until
+(`DOWN_BLOCK_H`), `moe_pairs_fused_warps` (`NUM_WARPS`) and `moe_pairs_fused_spin_ns` (`SPIN_NS`): off (`MAX_TOKENS` 0) until
 `benchmarks/kernels/time_moe_pairs_fused.py` times it against the separate launches.
 """
 
@@ -62,20 +62,34 @@ MAX_TOKENS = 0  # the fused launch serves decode batches up to this many tokens 
 BLOCK = False  # the router in the same launch too (`fused_block_with_shared`; tuning key `moe_pairs_fused_block`)
 DOWN_BLOCK_H = 8  # output rows per down program (its tile: top_k x DOWN_BLOCK_H x I/16 int64 scale blocks)
 NUM_WARPS = 4
+SPIN_NS = 0  # nanoseconds a waiting program sleeps between two reads of its counter (0: it spins; tuning key `moe_pairs_fused_spin_ns`)
 
 
 @triton.jit
-def _wait_for(counter_ptr, target, ASM: tl.constexpr):
+def _wait_for(counter_ptr, target, ASM: tl.constexpr, SLEEP_NS: tl.constexpr = 0):
     """Spin until the int32 at `counter_ptr` reaches `target`, each read an acquire at GPU scope (`ld.acquire.gpu`), so
     what the producers stored before their release is visible to every load after the loop. ASM off (the interpreter,
     where programs run one after another): plain volatile reads.
 
     Why not volatile reads then one `atomic_add(ptr, 0, sem="acquire")`: Triton 3.6 drops an atomic add of 0 whose
     result is unused when it lowers to LLVM, so that acquire never reached the PTX (run78 on an H100: the down programs
-    read stale activations). `tests/.../test_moe_pairs_fused.py` compiles the kernels for sm_90 and checks the PTX."""
+    read stale activations). `tests/.../test_moe_pairs_fused.py` compiles the kernels for sm_90 and checks the PTX.
+
+    SLEEP_NS > 0 (with ASM): `nanosleep` between reads. Every warp of every waiting program reads the same few counter
+    words, all held by one L2 slice, while the gate/up programs stream their weights through the L2 (run79: the fused
+    launch took 1.5x the two launches' time at one token); the sleep thins those reads."""
     seen = _load_acquire(counter_ptr, ASM)
     while seen < target:
+        if ASM and SLEEP_NS > 0:
+            seen = _sleep_then(seen, SLEEP_NS)
         seen = _load_acquire(counter_ptr, ASM)
+
+
+@triton.jit
+def _sleep_then(value, NS: tl.constexpr):
+    """`value`, returned after `nanosleep.u32 NS` (not pure: the sleep stays where it is in the loop)."""
+    return tl.inline_asm_elementwise("mov.b32 $0, $1;\n\tnanosleep.u32 $2;", "=r,r,r", [value, tl.full([], NS, tl.int32)], dtype=tl.int32,
+                                     is_pure=False, pack=1)  # fmt: skip
 
 
 @triton.jit
@@ -91,7 +105,7 @@ def _load_acquire(ptr, ASM: tl.constexpr):
 def _down_program(
     d, act32_ptr, ids_ptr, weights_ptr, d_w_ptr, d_scale_ptr, d_s2_ptr, sd_w_ptr, sd_scale_ptr, sd_s2_ptr, out_ptr, counter_ptr,
     T, H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, READY: tl.constexpr,
-    ROW_BLOCKS: tl.constexpr, ASM: tl.constexpr,
+    ROW_BLOCKS: tl.constexpr, ASM: tl.constexpr, SLEEP_NS: tl.constexpr = 0,
 ):
     """Down program d: token d // ROW_BLOCKS, output rows (d % ROW_BLOCKS) * BLOCK_H.. (module docstring)."""
     SLOTS: tl.constexpr = TOP_K + 1
@@ -114,7 +128,7 @@ def _down_program(
     shared_codes = tl.load(sd_w_ptr + shared_offsets, mask=row_ok[:, None], other=0)
     shared_scales = tl.load(sd_scale_ptr + shared_offsets, mask=row_ok[:, None], other=0.0)
     shared_scale = tl.load(weights_ptr + pair0 + TOP_K) * tl.load(sd_s2_ptr)
-    _wait_for(counter_ptr + token, READY, ASM)
+    _wait_for(counter_ptr + token, READY, ASM, SLEEP_NS)
     shape: tl.constexpr = (BLOCK_K, BLOCK_H, NB)
     act_rows = act32_ptr + (pair0 + slots).to(tl.int64)[:, None] * (I // 2)  # [BK, 1] row pointers (int32 words)
     p0, p1, p2, p3, p4, p5, p6, p7 = _x_half_pairs(act_rows, blocks[None, :], slot_ok[:, None], ASM, True, True)  # [BK, NB] each
@@ -144,7 +158,7 @@ def _fused_pairs_kernel(
     x32_ptr, ids_ptr, weights_ptr, gu_w_ptr, gu_scale_ptr, gu_s2_ptr, d_w_ptr, d_scale_ptr, d_s2_ptr,
     sgu_w_ptr, sgu_scale_ptr, sgu_s2_ptr, sd_w_ptr, sd_scale_ptr, sd_s2_ptr, act_ptr, act32_ptr, out_ptr, counter_ptr, T,
     H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, GU_BLOCK_N: tl.constexpr, GU_BLOCK_K: tl.constexpr,
-    LOOP: tl.constexpr, DECODE: tl.constexpr, BLOCK_H: tl.constexpr, ROUND_BF16: tl.constexpr,
+    LOOP: tl.constexpr, DECODE: tl.constexpr, BLOCK_H: tl.constexpr, ROUND_BF16: tl.constexpr, SLEEP_NS: tl.constexpr = 0,
 ):
     """Grid (T * (TOP_K + 1) * cdiv(I, GU_BLOCK_N) + T * cdiv(H, BLOCK_H),): gate/up programs, then down programs."""
     GU_ROW_BLOCKS: tl.constexpr = (I + GU_BLOCK_N - 1) // GU_BLOCK_N
@@ -159,7 +173,7 @@ def _fused_pairs_kernel(
         tl.atomic_add(counter_ptr + pair // (TOP_K + 1), 1, sem="release", scope="gpu")
     else:
         _down_program(pid - T * READY, act32_ptr, ids_ptr, weights_ptr, d_w_ptr, d_scale_ptr, d_s2_ptr, sd_w_ptr, sd_scale_ptr, sd_s2_ptr, out_ptr,
-                      counter_ptr, T, H, I, TOP_K, BLOCK_K, BLOCK_H, READY, ROW_BLOCKS, DECODE == 5)  # fmt: skip
+                      counter_ptr, T, H, I, TOP_K, BLOCK_K, BLOCK_H, READY, ROW_BLOCKS, DECODE == 5, SLEEP_NS)  # fmt: skip
 
 
 @triton.jit
@@ -170,6 +184,7 @@ def _fused_block_kernel(
     H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, ROUTER_ROWS: tl.constexpr,
     ROUTER_BLOCK_H: tl.constexpr, ROUTER_BLOCKS: tl.constexpr, GU_BLOCK_N: tl.constexpr, GU_BLOCK_K: tl.constexpr, LOOP: tl.constexpr,
     DECODE: tl.constexpr, BLOCK_H: tl.constexpr, ROUND_BF16: tl.constexpr, ADD_NORM: tl.constexpr, BF16: tl.constexpr, NORM_WRITER: tl.constexpr,
+    SLEEP_NS: tl.constexpr = 0,
 ):
     """The whole block (module docstring, "The router too"). Grid (T * ROUTER_BLOCKS + T * (TOP_K + 1) * cdiv(I, GU_BLOCK_N)
     + T * cdiv(H, BLOCK_H),). Counters: [0, T) the router's tickets, [T, 2T) routed, [2T, 3T) gate/up counts, [3T, 4T) down done."""
@@ -192,7 +207,7 @@ def _fused_block_kernel(
         g = pid - routers
         pair = g // GU_ROW_BLOCKS
         token = pair // SLOTS
-        _wait_for(counter_ptr + T + token, 1, DECODE == 5)  # the ids (and with ADD_NORM the normed x) are written
+        _wait_for(counter_ptr + T + token, 1, DECODE == 5, SLEEP_NS)  # the ids (and with ADD_NORM the normed x) are written
         _gate_up_program(pair, g % GU_ROW_BLOCKS, x32_ptr, ids_ptr, gu_w_ptr, gu_scale_ptr, gu_s2_ptr, act_ptr, H, I, TOP_K, True, GU_BLOCK_N,
                          GU_BLOCK_K, sgu_w_ptr, sgu_scale_ptr, sgu_s2_ptr, True, LOOP, DECODE, ROUND_BF16)  # fmt: skip
         tl.debug_barrier()  # every thread's activations are stored before the count is raised (release, GPU scope)
@@ -200,9 +215,9 @@ def _fused_block_kernel(
     else:
         d = pid - routers - T * READY
         token = d // ROW_BLOCKS
-        _wait_for(counter_ptr + T + token, 1, DECODE == 5)  # the ids are written: the down weights can be loaded
+        _wait_for(counter_ptr + T + token, 1, DECODE == 5, SLEEP_NS)  # the ids are written: the down weights can be loaded
         last = _down_program(d, act32_ptr, ids_ptr, weights_ptr, d_w_ptr, d_scale_ptr, d_s2_ptr, sd_w_ptr, sd_scale_ptr, sd_s2_ptr, out_ptr,
-                             counter_ptr + 2 * T, T, H, I, TOP_K, BLOCK_K, BLOCK_H, READY, ROW_BLOCKS, DECODE == 5)  # fmt: skip
+                             counter_ptr + 2 * T, T, H, I, TOP_K, BLOCK_K, BLOCK_H, READY, ROW_BLOCKS, DECODE == 5, SLEEP_NS)  # fmt: skip
         if last:
             tl.store(counter_ptr + T + token, 0)
 
@@ -251,7 +266,7 @@ def _launch_setup(x, experts: StackedNvfp4Experts, shared: SharedNvfp4Expert, to
         "H": hidden, "I": intermediate, "TOP_K": top_k, "BLOCK_K": next_power_of_2(top_k), "GU_BLOCK_N": block_n,
         "GU_BLOCK_K": min(block_k, next_power_of_2(hidden // 2)), "LOOP": loop,
         "DECODE": 6 if interpreting() else 5,  # the packed float16 pairs with the E4M3 decode (interpreter form / PTX)
-        "BLOCK_H": block_h, "ROUND_BF16": interpreting(), "num_warps": NUM_WARPS,
+        "BLOCK_H": block_h, "ROUND_BF16": interpreting(), "SLEEP_NS": SPIN_NS, "num_warps": NUM_WARPS,
     }  # fmt: skip
     programs = num_tokens * (slots * cdiv(intermediate, block_n) + cdiv(hidden, block_h))
     return _Launch(act, buffer, target, expert_args, constants, programs)

@@ -56,7 +56,8 @@ share a program (`benchmarks/kernels/time_norm_rows.py`); `moe_grouped_half.tile
 for those kernels (`benchmarks/kernels/time_moe_tiled.py`); `moe_block_persistent` the batch-1 MoE block in one persistent
 launch (`on` 1) and its plan (`kernels/moe_block_persistent.py`, `benchmarks/kernels/time_moe_persistent.py`);
 `moe_pairs_fused_max_tokens` the decode batches whose per-pair experts run gate/up and down in one launch, and
-`moe_pairs_fused_down_rows` / `moe_pairs_fused_warps` that launch's output rows per down program and warps, `moe_pairs_fused_block` 1
+`moe_pairs_fused_down_rows` / `moe_pairs_fused_warps` / `moe_pairs_fused_spin_ns` that launch's output rows per down program,
+warps and sleep between two reads of a waiting program's counter, `moe_pairs_fused_block` 1
 the router in that launch too (`kernels/moe_pairs_fused.py`,
 `benchmarks/kernels/time_moe_pairs_fused.py`).
 
@@ -209,6 +210,7 @@ class TuningFile(BaseModel):
     moe_pairs_fused_max_tokens: int | None = Field(default=None, ge=0, le=64)  # decode MoE: gate/up and down in one launch up to this batch (0: never)
     moe_pairs_fused_down_rows: Literal[4, 8, 16, 32] | None = None  # that launch's output rows per down program
     moe_pairs_fused_warps: Literal[4, 8] | None = None  # that launch's warps per program
+    moe_pairs_fused_spin_ns: int | None = Field(default=None, ge=0, le=100_000)  # its waiting programs' sleep between counter reads (0: spin)
     moe_pairs_fused_block: int | None = Field(default=None, ge=0, le=1)  # 1: the router in that launch too
 
 
@@ -303,7 +305,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
     if tuning.moe_decode_batch_one is not None:
         moe_decode.BATCH_ONE = tuple(tuning.moe_decode_batch_one.model_dump().values())
     fused = {"MAX_TOKENS": tuning.moe_pairs_fused_max_tokens, "DOWN_BLOCK_H": tuning.moe_pairs_fused_down_rows, "NUM_WARPS": tuning.moe_pairs_fused_warps,
-             "BLOCK": None if tuning.moe_pairs_fused_block is None else bool(tuning.moe_pairs_fused_block)}  # fmt: skip
+             "SPIN_NS": tuning.moe_pairs_fused_spin_ns, "BLOCK": None if tuning.moe_pairs_fused_block is None else bool(tuning.moe_pairs_fused_block)}  # fmt: skip
     if any(value is not None for value in fused.values()):
         from reference_engine.kernels import moe_pairs_fused  # it imports moe_decode
 
