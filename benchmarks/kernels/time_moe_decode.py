@@ -1,6 +1,6 @@
 """Time the fused MoE decode block (router GEMV, router top-k + shared slot, gate/up, down) at the real shape.
 
-    PYTHONPATH=. python3 benchmarks/kernels/time_moe_decode.py results.json [--blocks-only]
+    PYTHONPATH=. python3 benchmarks/kernels/time_moe_decode.py results.json [--blocks-only] [--small-batches]
 
 E=256 experts, H=2048, I=512, top-8 plus the shared expert, NVFP4 weights. Four copies of a layer's
 experts (about 1.6 GB, far over the 60 MB L2) alternate inside a CUDA graph of 8 calls, so each call
@@ -8,7 +8,9 @@ streams its weights from HBM as in a real step. For each tile / loop setting of
 `reference_engine.kernels.moe_decode` and batch 1, 8, 32: output checked against the torch op, then
 microseconds per call (graph time / calls) and the bytes of the experts it touched over that time. Then (not
 with --blocks-only) the routed experts alone, per-pair decode kernels against the grouped tensor-core kernels.
-No speed is asserted.
+`--small-batches` (implies --blocks-only): batches 2, 4, 8 and 12 (the per-pair kernels' range below `moe_grouped_half`'s
+16 tokens, which run the larger-batch setting of run9) over `SMALL_SETTINGS`: that setting, the committed batch-one
+setting with its E4M3 decode (WORDS 3), and tiles between them. No speed is asserted.
 """
 
 # ruff: noqa: B023 - `step` is captured and replayed within the loop iteration that made it
@@ -22,6 +24,7 @@ import torch
 
 from reference_engine.bench.timing import graph_seconds
 from reference_engine.kernels import moe_decode
+from reference_engine.kernels.tuning import apply_for_cuda
 from reference_engine.ops import static_moe
 from reference_engine.quant.nvfp4 import quantize_nvfp4
 
@@ -35,6 +38,12 @@ SETTINGS = [  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOC
     (0, 32, 64, 32, 64, 2, 1), (0, 32, 64, 32, 64, 2, 3),
 ]
 TOKENS = (1, 8, 32)  # from 64 tokens the block runs grouped by expert (`moe_grouped_decode.MIN_TOKENS`)
+SMALL_TOKENS = (2, 4, 8, 12)
+SMALL_SETTINGS = [
+    (0, 32, 64, 32, 64, 2, 1), (0, 32, 64, 32, 64, 3, 1),  # the committed larger-batch setting, and with the E4M3 decode
+    (3, 8, 256, 8, 256, 3, 1), (3, 16, 256, 16, 256, 3, 1), (3, 32, 256, 32, 256, 3, 1),  # batch one's, rows doubled
+    (3, 16, 128, 16, 128, 3, 1), (0, 16, 128, 16, 128, 3, 1), (3, 8, 256, 16, 128, 3, 1), (3, 16, 256, 8, 256, 3, 1),
+]
 
 
 def quantized(rows: int, cols: int, groups: int):
@@ -54,18 +63,19 @@ def layer():
     return experts, shared, router
 
 
-def main(path: str, routed: bool = True) -> None:
+def main(path: str, routed: bool = True, tokens_list: tuple[int, ...] = TOKENS, settings: list = SETTINGS) -> None:
     torch.manual_seed(0)
+    apply_for_cuda()  # this card's tuning (router, grouped ranges); the settings below then override moe_decode's
     moe_decode.BATCH_ONE = None  # every setting at every batch, one token included
     moe_decode.moe_grouped_decode.MIN_TOKENS = None
     layers = [layer() for _ in range(COPIES)]
     records = []
-    for tokens in TOKENS:
+    for tokens in tokens_list:
         xs = [torch.randn(tokens, H, device="cuda").bfloat16() for _ in range(COPIES)]
         outs = [torch.empty(tokens, H, device="cuda", dtype=torch.bfloat16) for _ in range(COPIES)]
         expected = torch.empty_like(outs[0])
         static_moe.moe_block_decode(xs[0], layers[0][2], layers[0][0], layers[0][1], TOP_K, out=expected)
-        for setting in SETTINGS:
+        for setting in settings:
             moe_decode.LOOP, moe_decode.GATE_UP_BLOCK_N, moe_decode.GATE_UP_BLOCK_K, moe_decode.DOWN_BLOCK_H, moe_decode.DOWN_BLOCK_I, moe_decode.WORDS, moe_decode.DOWN_SPLIT = setting
             try:
                 check = torch.full_like(expected, float("nan"))
@@ -127,7 +137,10 @@ def routed_only(layers, records: list, path: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--blocks-only"):
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] not in ("--blocks-only", "--small-batches")):
         print(__doc__)
         raise SystemExit(2)
-    main(sys.argv[1], routed=len(sys.argv) == 2)
+    if sys.argv[2:] == ["--small-batches"]:
+        main(sys.argv[1], routed=False, tokens_list=SMALL_TOKENS, settings=SMALL_SETTINGS)
+    else:
+        main(sys.argv[1], routed=len(sys.argv) == 2)
