@@ -21,6 +21,7 @@ neighbour only when it beats the committed tile by 3% or more.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -59,13 +60,32 @@ def neighbours(config: list[int], rows: int, k_blocks: int) -> list[list[int]]:
     return out
 
 
+def stream_like(config: list[int], rows: int, k_blocks: int) -> list[list[int]]:
+    """`--stream-like` candidates: small row tiles read in 2 to 4 KB steps by many programs, with split-K 1 or 2
+    (run80's pure reads of these bytes were fastest at 400 to 800 programs reading 2 KB a step), 4 warps, committed
+    WORDS; whole tiles only, the committed config excluded."""
+    block_m, words = config[0], config[6]
+    out = []
+    for block_n, (block_kb, loop), split in itertools.product((16, 32, 64), ((64, 0), (64, 3), (128, 0), (128, 1), (128, 3)), (1, 2)):
+        c = [block_m, block_n, block_kb, split, 4, loop, words]
+        b = block_kb // 8
+        if rows % block_n == 0 and k_blocks % b == 0 and split <= k_blocks // b and c != list(config[:7]):
+            out.append(c)
+    return out
+
+
+def half_out(x, packed, scale, scale_2, config, tiled=None) -> torch.Tensor:
+    """The half kernel's output with `config`, on the row-major weight or on `tiled`, into a NaN-poisoned buffer."""
+    _, block_n, block_kb, split_k, warps, loop, words = config
+    out = torch.full((1, packed.shape[0]), float("nan"), device="cuda", dtype=torch.bfloat16)
+    nvfp4_gemv._launch_half(x, packed, scale, scale_2, out, block_n, block_kb // 8, split_k, warps, loop, fp8=words == 3, tiled=tiled)
+    return out
+
+
 def bit_equal(x, packed, scale, scale_2, config, copy) -> bool:
     """The half kernel with `config` gives the same finite bits from the row-major weight and from its tile-major copy."""
-    _, block_n, block_kb, split_k, warps, loop, words = config
-    outs = [torch.full((1, packed.shape[0]), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-    for tiled, out in zip((None, copy), outs, strict=True):
-        nvfp4_gemv._launch_half(x, packed, scale, scale_2, out, block_n, block_kb // 8, split_k, warps, loop, fp8=words == 3, tiled=tiled)
-    return bool(torch.isfinite(outs[0]).all()) and torch.equal(outs[0], outs[1])
+    row_major, tile_major = half_out(x, packed, scale, scale_2, config), half_out(x, packed, scale, scale_2, config, copy)
+    return bool(torch.isfinite(row_major).all()) and torch.equal(row_major, tile_major)
 
 
 def main() -> None:
@@ -73,8 +93,10 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--tuning", default=None, help="tuning file (default: this card's, else the H200's)")
     parser.add_argument("--sweep", action="store_true", help="also time tile-major copies for neighbouring tiles")
+    parser.add_argument("--stream-like", action="store_true", help="also sweep small row tiles with split-K 1 or 2 (implies --sweep)")
     parser.add_argument("--lm-head", action="store_true", help="also time the NVFP4 LM head's shape (recorded apart: `lm_head`)")
     args = parser.parse_args()
+    args.sweep = args.sweep or args.stream_like
     path = Path(args.tuning) if args.tuning else tuning.tuning_path(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
     entries = json.loads(Path(path).read_text())["nvfp4_gemv"]
     torch.manual_seed(0)
@@ -90,6 +112,9 @@ def main() -> None:
         x = torch.randn(1, cols, device="cuda").bfloat16()
         out = torch.full((1, rows), float("nan"), device="cuda", dtype=torch.bfloat16)
         configs = [list(config[:7])] + (neighbours(config, rows, k_bytes // 8) if args.sweep and rows <= 65536 else [])
+        if args.stream_like and rows <= 65536:
+            configs += [c for c in stream_like(config, rows, k_bytes // 8) if c not in configs]
+        reference = half_out(x, packed, scale, scale_2, configs[0]).double()
         forms = [(False, configs[0], None)]  # (tile-major, config, copies)
         for c in configs:
             copies = [nvfp4_gemv.tiled_gemv_weight(p, s, c[1], c[2] // 8) for p, s in weights]
@@ -104,6 +129,10 @@ def main() -> None:
                 if c is configs[0]:
                     raise SystemExit(f"{rows} x {cols} {c}: the tile-major copy gives other bits than the row-major weights")
                 print(f"  skipped {c}: tile-major bits differ from row-major", flush=True)
+                continue
+            error = float((half_out(x, packed, scale, scale_2, c).double() - reference).norm() / reference.norm())
+            if not error < 1e-2:  # another tile sums in another order (bf16 output): a wrong index shows far above this
+                print(f"  skipped {c}: {error:.3g} relative to the committed config's output", flush=True)
                 continue
             forms.append((True, c, copies))
         rounds: list[list[float]] = [[] for _ in forms]

@@ -311,12 +311,19 @@ WORDS = 0  # NVFP4 weight reads: 0 bytes, 1 int32 words with two codes decoded p
 DOWN_SPLIT = 1  # programs a token's down slots are dealt over (ticket-ordered sum); run22: no faster at 1 or 32 tokens, so off
 PERSISTENT = False  # one token: router, gate/up and down in one persistent launch (`moe_block_persistent`, its `PLAN`)
 BATCH_ONE: tuple[int, ...] | None = None  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS[, DOWN_SPLIT]) for one token
+# ((max_tokens, settings as BATCH_ONE), ...) by ascending max_tokens, for 2 tokens and up (tuning `moe_decode_small_batches`;
+# run80 on an H200: batch one's tiles at 2 tokens took 31.0 us against 61.8 with the module's)
+SMALL_BATCHES: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 def _settings(num_tokens: int) -> tuple[int, int, int, int, int, int, int]:
-    """The loop form, tiles, weight reads and down split for this many tokens: `BATCH_ONE` for one token when set, else the module's."""
+    """The loop form, tiles, weight reads and down split for this many tokens: `BATCH_ONE` for one token when set, then
+    the first `SMALL_BATCHES` entry whose ceiling covers the batch, else the module's."""
     if num_tokens == 1 and BATCH_ONE is not None:
         return (*BATCH_ONE, 1)[:7]
+    for max_tokens, settings in SMALL_BATCHES:
+        if 2 <= num_tokens <= max_tokens:
+            return (*settings, 1)[:7]
     return LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS, DOWN_SPLIT
 
 

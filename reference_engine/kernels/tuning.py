@@ -6,6 +6,7 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
      "nvfp4_gemv": [{"tokens": 1, "rows": 12288, "k_bytes": 1024, "config": [1, 16, 256, 1, 4, 1]}, ...],
      "moe_decode": {"LOOP": 1, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 256, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 256, "WORDS": 1},
      "moe_decode_batch_one": {...the same keys, for one token},
+     "moe_decode_small_batches": [{"max_tokens": 2, ...the same keys}, ...],
      "gemv_words": 1, "gemm_min_tokens": 16, "gdn_step_split_below": 128, "fused_router_max_tokens": 4,
      "dense_gemv_max_tokens": 4, "gemm_decode": 1,
      "small_m_gemm": [{"block_m": 32, "rows": 2048, "k": 4096, "config": [64, 4, 16]}, ...],
@@ -101,6 +102,12 @@ class MoeSettings(BaseModel):
     DOWN_SPLIT: int = Field(default=1, ge=1, le=16)
 
 
+class MoeSmallBatchSettings(MoeSettings):
+    """Per-pair MoE decode settings for batches of 2 to `max_tokens` tokens (the first entry that covers a batch wins)."""
+
+    max_tokens: int = Field(ge=2, le=64)
+
+
 class SmallGemmEntry(BaseModel):
     """A decode batch's tensor-core GEMM tiles for one shape (`nvfp4_gemm.SMALL_M_TUNED`)."""
 
@@ -165,6 +172,7 @@ class TuningFile(BaseModel):
     nvfp4_gemv: list[GemvEntry] = []
     moe_decode: MoeSettings | None = None
     moe_decode_batch_one: MoeSettings | None = None  # one token (the tiles that fill the GPU at batch 1 differ)
+    moe_decode_small_batches: list[MoeSmallBatchSettings] | None = None  # 2 tokens and up, by batch ceiling (run80)
     gemv_words: int | None = Field(default=None, ge=0, le=3)
     gemv_tiled: int | None = Field(default=None, ge=0, le=1)  # 1: the engine keeps tile-major copies of the batch-1 GEMVs' weights
     gemm_tiled: int | None = Field(default=None, ge=0, le=1)  # 1: ... and of the linears for the decode-batch GEMM's tiles
@@ -304,6 +312,10 @@ def apply_tuning(path: str | Path) -> TuningFile:
         moe_grouped_half.PLAN = moe_grouped_half.HalfGroupedPlan(**settings)
     if tuning.moe_decode_batch_one is not None:
         moe_decode.BATCH_ONE = tuple(tuning.moe_decode_batch_one.model_dump().values())
+    if tuning.moe_decode_small_batches is not None:
+        moe_decode.SMALL_BATCHES = tuple(
+            (entry.max_tokens, tuple(entry.model_dump(exclude={"max_tokens"}).values())) for entry in sorted(tuning.moe_decode_small_batches, key=lambda e: e.max_tokens)
+        )  # fmt: skip
     fused = {"MAX_TOKENS": tuning.moe_pairs_fused_max_tokens, "DOWN_BLOCK_H": tuning.moe_pairs_fused_down_rows, "NUM_WARPS": tuning.moe_pairs_fused_warps,
              "SPIN_NS": tuning.moe_pairs_fused_spin_ns, "BLOCK": None if tuning.moe_pairs_fused_block is None else bool(tuning.moe_pairs_fused_block)}  # fmt: skip
     if any(value is not None for value in fused.values()):

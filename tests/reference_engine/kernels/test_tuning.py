@@ -167,13 +167,35 @@ def test_the_fused_sampling_switch_is_applied(tmp_path, monkeypatch) -> None:
 def test_the_one_launch_moe_keys_are_applied_and_checked(tmp_path, monkeypatch) -> None:
     from reference_engine.kernels import moe_pairs_fused
 
-    for name, value in (("MAX_TOKENS", 0), ("BLOCK", False), ("DOWN_BLOCK_H", 8), ("NUM_WARPS", 4)):
+    for name, value in (("MAX_TOKENS", 0), ("BLOCK", False), ("DOWN_BLOCK_H", 8), ("NUM_WARPS", 4), ("SPIN_NS", 0)):
         monkeypatch.setattr(moe_pairs_fused, name, value)
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({"device": "x", "moe_pairs_fused_max_tokens": 4, "moe_pairs_fused_block": 1, "moe_pairs_fused_down_rows": 16}))
+    path.write_text(json.dumps({"device": "x", "moe_pairs_fused_max_tokens": 4, "moe_pairs_fused_block": 1, "moe_pairs_fused_down_rows": 16,
+                                "moe_pairs_fused_spin_ns": 1000}))  # fmt: skip
     tuning.apply_tuning(path)
     assert (moe_pairs_fused.MAX_TOKENS, moe_pairs_fused.BLOCK, moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.NUM_WARPS) == (4, True, 16, 4)
-    for key, bad in (("moe_pairs_fused_warps", 3), ("moe_pairs_fused_down_rows", 12), ("moe_pairs_fused_block", 2)):
+    assert moe_pairs_fused.SPIN_NS == 1000
+    for key, bad in (("moe_pairs_fused_warps", 3), ("moe_pairs_fused_down_rows", 12), ("moe_pairs_fused_block", 2), ("moe_pairs_fused_spin_ns", -1)):
         path.write_text(json.dumps({"device": "x", key: bad}))
         with pytest.raises(ValueError, match=key):
             tuning.apply_tuning(path)
+
+
+def test_small_batch_moe_settings_pick_the_first_ceiling_that_covers_a_batch(tmp_path, monkeypatch) -> None:
+    from reference_engine.kernels import moe_decode
+
+    for name, value in (("BATCH_ONE", None), ("SMALL_BATCHES", ()), ("LOOP", 0), ("GATE_UP_BLOCK_N", 32), ("GATE_UP_BLOCK_K", 64),
+                        ("DOWN_BLOCK_H", 32), ("DOWN_BLOCK_I", 64), ("WORDS", 2), ("DOWN_SPLIT", 1)):  # fmt: skip
+        monkeypatch.setattr(moe_decode, name, value)
+    four = {"LOOP": 3, "GATE_UP_BLOCK_N": 16, "GATE_UP_BLOCK_K": 128, "DOWN_BLOCK_H": 16, "DOWN_BLOCK_I": 128, "WORDS": 3}
+    two = {"LOOP": 3, "GATE_UP_BLOCK_N": 8, "GATE_UP_BLOCK_K": 256, "DOWN_BLOCK_H": 8, "DOWN_BLOCK_I": 256, "WORDS": 3}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"device": "x", "moe_decode_small_batches": [{"max_tokens": 4, **four}, {"max_tokens": 2, **two}]}))  # out of order
+    tuning.apply_tuning(path)
+    assert moe_decode._settings(1) == (0, 32, 64, 32, 64, 2, 1)  # no batch-one setting: the module's
+    assert moe_decode._settings(2) == (3, 8, 256, 8, 256, 3, 1)
+    assert moe_decode._settings(3) == moe_decode._settings(4) == (3, 16, 128, 16, 128, 3, 1)
+    assert moe_decode._settings(5) == (0, 32, 64, 32, 64, 2, 1)
+    path.write_text(json.dumps({"device": "x", "moe_decode_small_batches": [{"max_tokens": 1, **two}]}))  # batch one has its own key
+    with pytest.raises(ValueError, match="moe_decode_small_batches"):
+        tuning.apply_tuning(path)
