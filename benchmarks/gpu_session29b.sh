@@ -4,13 +4,15 @@
 # `kernels/time_gemv_tiled.py --stream-like`: the batch-1 GEMVs on tile-major copies at small row tiles with split-K 1
 # or 2 (run80: a pure read of their bytes at 400 to 800 programs and 2 KB steps took 0.55 to 0.65 of the real GEMV),
 # beside the committed tiles and their neighbours; then `adopt_measured.py --gemv-tiled` writes a config that beat the
-# committed tile by 3% into $OUT/$NAME-tuning.json (copy it into the repository, commit, bench in the next call).
+# committed tile by 3% into $OUT/$NAME-tuning.json (copy it into the repository and commit it).
+# BENCH=1: then the bench in the time left (`gpu_bench_tail.sh`, CALL_S 590) on that file, installed over this copy's
+# tuning file (BENCH_ARGS, default "--output-tokens 64 --no-peer").
 set -u
 OUT="${OUT:-/tmp/session29b-out}"; NAME="${NAME:-session29b}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
 echo "commit $COMMIT"; nvidia-smi --query-gpu=name --format=csv,noheader
 TUNING="$OUT/$NAME-tuning.json"; cp reference_engine/kernels/tuned/nvidia-h200.json "$TUNING"
-timeout 420 python3 benchmarks/kernels/time_gemv_tiled.py "$OUT/$NAME-gemv-stream-like.json" --stream-like --tuning "$TUNING" > "$OUT/$NAME-gemv-stream-like.log" 2>&1
+timeout 240 python3 benchmarks/kernels/time_gemv_tiled.py "$OUT/$NAME-gemv-stream-like.json" --stream-like --tuning "$TUNING" > "$OUT/$NAME-gemv-stream-like.log" 2>&1
 echo "gemv stream-like rc=$?"; grep -E "^GEMV|skipped" "$OUT/$NAME-gemv-stream-like.log" | cut -c1-200
 python3 - "$OUT/$NAME-gemv-stream-like.json" <<'PY'
 import json, sys
@@ -20,3 +22,8 @@ for r in json.load(open(sys.argv[1]))["records"]:
 PY
 python3 benchmarks/kernels/adopt_measured.py "$TUNING" --gemv-tiled "$OUT/$NAME-gemv-stream-like.json"
 echo "elapsed ${SECONDS} s"
+if [ "${BENCH:-0}" = 1 ]; then
+  cp "$TUNING" reference_engine/kernels/tuned/nvidia-h200.json
+  AUX="$OUT/aux"; mkdir -p "$AUX"; CALL_S="${CALL_S:-590}"; BENCH_ARGS="${BENCH_ARGS:---output-tokens 64 --no-peer}"
+  . benchmarks/gpu_bench_tail.sh
+fi
