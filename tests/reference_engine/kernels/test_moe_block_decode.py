@@ -359,6 +359,11 @@ def test_triton_block_matches_the_torch_op_on_cuda_at_the_real_shape(tokens, wor
     monkeypatch.setattr(moe_decode, "WORDS", words)  # 1: int32 word reads decoded in PTX; 2: packed float16 pairs; 3: with the E4M3 decode
     monkeypatch.setattr(moe_decode, "DOWN_SPLIT", split)  # the down slots over `split` programs per row block
     monkeypatch.setattr(moe_decode, "BATCH_ONE", None)  # the module settings above at one token too
+    assert _block_error_on_cuda(tokens, moe_block_decode) < 1e-2
+
+
+def _block_error_on_cuda(tokens: int, moe_block_decode) -> float:
+    """Relative error of `moe_block_decode` against the torch op on a random NVFP4 block of the real shape."""
     from reference_engine.ops import static_moe
 
     generator = torch.Generator(device="cuda").manual_seed(tokens)
@@ -387,5 +392,22 @@ def test_triton_block_matches_the_torch_op_on_cuda_at_the_real_shape(tokens, wor
     out = torch.full_like(expected, float("nan"))
     moe_block_decode(x, router_weight, experts, shared, top_k, out)
     assert torch.isfinite(out).all()
-    error = float((out.double() - expected.double()).norm() / expected.double().norm())
-    assert error < 1e-2, error
+    return float((out.double() - expected.double()).norm() / expected.double().norm())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [2, 3, 4, 8, 12])
+def test_the_committed_small_batch_settings_match_the_torch_op_on_cuda(tokens, tmp_path, monkeypatch):
+    """The tuning file's per-pair settings for 2 to 15 tokens (`moe_decode_small_batches` and the module setting, run80),
+    installed alone (the other modules keep their settings; these are restored after the test)."""
+    import json
+
+    from reference_engine.kernels import moe_decode, tuning
+
+    for name in ("LOOP", "GATE_UP_BLOCK_N", "GATE_UP_BLOCK_K", "DOWN_BLOCK_H", "DOWN_BLOCK_I", "WORDS", "DOWN_SPLIT", "SMALL_BATCHES"):
+        monkeypatch.setattr(moe_decode, name, getattr(moe_decode, name))
+    committed = json.loads(tuning.tuning_path(torch.cuda.get_device_name(), torch.cuda.get_device_capability()).read_text())
+    (tmp_path / "t.json").write_text(json.dumps({key: committed[key] for key in ("device", "moe_decode", "moe_decode_small_batches")}))
+    tuning.apply_tuning(tmp_path / "t.json")
+    assert moe_decode._settings(tokens) != (0, 32, 64, 32, 64, 2, 1)  # the pre-run80 setting is no longer what runs here
+    assert _block_error_on_cuda(tokens, moe_decode.moe_block_decode) < 1e-2
