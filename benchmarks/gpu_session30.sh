@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Thirtieth session, first call (about 560 s). Usage:
+#   OUT=$OUT NAME=runNN COMMIT=<sha> bash benchmarks/gpu_session30.sh
+# 1. CUDA test of the committed small-batch MoE settings (run80's `moe_decode_small_batches`, 2 to 12 tokens).
+# 2. The bench on the committed tuning file (`gpu_bench_tail.sh`; BENCH_ARGS default "--output-tokens 64", with the
+#    peer): the first end-to-end figures since run76, the small-batch tiles' effect at batch 8 included.
+# Short on device time: BENCH_ARGS="--output-tokens 64 --no-peer" (about 90 s less).
+set -u
+OUT="${OUT:-/tmp/session30-out}"; NAME="${NAME:-session30}"; COMMIT="${COMMIT:-unknown}"
+export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
+echo "commit $COMMIT"; nvidia-smi --query-gpu=name --format=csv,noheader
+AUX="$OUT/aux"; mkdir -p "$AUX"
+timeout 120 python3 -m pytest -m cuda -q -p no:cacheprovider \
+  "tests/reference_engine/kernels/test_moe_block_decode.py::test_the_committed_small_batch_settings_match_the_torch_op_on_cuda" > "$AUX/$NAME-pytest.log" 2>&1
+echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$AUX/$NAME-pytest.log" | tail -n 3 | cut -c1-300; grep -E "^E " "$AUX/$NAME-pytest.log" | head -n 6 | cut -c1-300
+CALL_S="${CALL_S:-590}"; BENCH_S="${BENCH_S:-560}"; BENCH_ARGS="${BENCH_ARGS:---output-tokens 64}"
+. benchmarks/gpu_bench_tail.sh
