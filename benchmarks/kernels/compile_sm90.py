@@ -62,6 +62,10 @@ def configs():
         for fp8 in (False, True):  # the bit-placement decode and the E4M3 one
             yield f"w4a16 half N-block={block_n} blocks={block_b} split={split} loop={loop} fp8={fp8}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig, {
                 "STEPS_PER_SPLIT": 4, "SPLIT_K": split, "BLOCK_N": block_n, "BLOCK_B": block_b, "ROW_SCALES": split == 1, "LOOP": loop, "ASM": True, "FP8": fp8}
+    for x_pairs, fp8 in itertools.product((1, 2), (False, True)):  # x given as float16 pairs (`x_half_pairs`), the two load forms
+        yield f"w4a16 half tiled x_pairs={x_pairs} fp8={fp8}", nvfp4_half_dot._w4a16_gemv_half_kernel, half_sig, {
+            "STEPS_PER_SPLIT": 2, "SPLIT_K": 8, "BLOCK_N": 256, "BLOCK_B": 8, "ROW_SCALES": False, "LOOP": 1, "ASM": True, "FP8": fp8, "TILED": True,
+            "X_PAIRS": x_pairs}
     for row_scales in (False, True):
         yield f"nvfp4 dequant row_scales={row_scales}", nvfp4_dequant._dequant_kernel, {"packed_ptr": "*u8", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16", "N": I32, "K_BYTES": I32}, {
             "ROW_SCALES": row_scales, "BLOCK_N": nvfp4_dequant.BLOCK_N, "BLOCK_KB": nvfp4_dequant.BLOCK_KB}

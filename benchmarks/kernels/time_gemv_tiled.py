@@ -19,6 +19,11 @@ neighbour only when it beats the committed tile by 3% or more.
 `--stream-like`: instead of the neighbours, small row tiles (16, 32 or 64 rows, 64 or 128 bytes a step) with split-K 1
 or 2 (`stream_like`), the shapes run80's pure reads favoured; each must agree with the committed config's output to
 1e-2 relative (another tile sums in another order) as well as be bit-equal on its copy. Recorded as `--sweep` is.
+
+`--x-pairs`: the committed tile on its copy with x given already as the block dot's float16 pairs
+(`nvfp4_half_dot.x_half_pairs`, built once outside the timed calls, as a producer kernel would write them), in both
+load forms, each bit-equal to converting x in the kernel first; records get `x_pairs` (time and its ratio to the
+committed tile-major time). Nothing is adopted from it: the engine does not yet have its producers write the pairs.
 """
 
 # ruff: noqa: B023 - `step` is captured and replayed within the loop iteration that made it
@@ -37,6 +42,7 @@ from sweep_w4a16_gemv import CALLS, copies_for
 
 from reference_engine.bench.timing import graph_seconds
 from reference_engine.kernels import nvfp4_gemv, tuning
+from reference_engine.kernels.nvfp4_half_dot import x_half_pairs
 from reference_engine.quant.nvfp4 import quantize_nvfp4
 
 ROUNDS = 3
@@ -78,11 +84,13 @@ def stream_like(config: list[int], rows: int, k_blocks: int) -> list[list[int]]:
     return out
 
 
-def half_out(x, packed, scale, scale_2, config, tiled=None) -> torch.Tensor:
-    """The half kernel's output with `config`, on the row-major weight or on `tiled`, into a NaN-poisoned buffer."""
+def half_out(x, packed, scale, scale_2, config, tiled=None, x_pairs=None, pair_loads=1) -> torch.Tensor:
+    """The half kernel's output with `config`, on the row-major weight or on `tiled`, x converted in the kernel or given
+    as `x_pairs`, into a NaN-poisoned buffer."""
     _, block_n, block_kb, split_k, warps, loop, words = config
     out = torch.full((1, packed.shape[0]), float("nan"), device="cuda", dtype=torch.bfloat16)
-    nvfp4_gemv._launch_half(x, packed, scale, scale_2, out, block_n, block_kb // 8, split_k, warps, loop, fp8=words == 3, tiled=tiled)
+    nvfp4_gemv._launch_half(x, packed, scale, scale_2, out, block_n, block_kb // 8, split_k, warps, loop, fp8=words == 3, tiled=tiled,
+                            x_pairs=x_pairs, pair_loads=pair_loads)  # fmt: skip
     return out
 
 
@@ -98,6 +106,7 @@ def main() -> None:
     parser.add_argument("--tuning", default=None, help="tuning file (default: this card's, else the H200's)")
     parser.add_argument("--sweep", action="store_true", help="also time tile-major copies for neighbouring tiles")
     parser.add_argument("--stream-like", action="store_true", help="sweep small row tiles with split-K 1 or 2 instead of the neighbours (records as --sweep)")
+    parser.add_argument("--x-pairs", action="store_true", help="also time the committed tile with x given as float16 pairs (both load forms)")
     parser.add_argument("--lm-head", action="store_true", help="also time the NVFP4 LM head's shape (recorded apart: `lm_head`)")
     args = parser.parse_args()
     neighbours_too = args.sweep
@@ -120,7 +129,7 @@ def main() -> None:
         if args.stream_like and rows <= 65536:
             configs += [c for c in stream_like(config, rows, k_bytes // 8) if c not in configs]
         reference = half_out(x, packed, scale, scale_2, configs[0]).double()
-        forms = [(False, configs[0], None)]  # (tile-major, config, copies)
+        forms = [(False, configs[0], None, 0)]  # (tile-major, config, copies, x pair loads: 0 converts x in the kernel)
         for c in configs:
             copies = [nvfp4_gemv.tiled_gemv_weight(p, s, c[1], c[2] // 8) for p, s in weights]
             try:
@@ -139,17 +148,25 @@ def main() -> None:
             if not error < 1e-2:  # another tile sums in another order (bf16 output): a wrong index shows far above this
                 print(f"  skipped {c}: {error:.3g} relative to the committed config's output", flush=True)
                 continue
-            forms.append((True, c, copies))
+            forms.append((True, c, copies, 0))
+        pairs = x_half_pairs(x, config[6] == 3)
+        if args.x_pairs:
+            for loads in (1, 2):
+                given = half_out(x, packed, scale, scale_2, configs[0], forms[1][2][0], pairs, loads)
+                if not torch.equal(given, half_out(x, packed, scale, scale_2, configs[0], forms[1][2][0])):
+                    raise SystemExit(f"{rows} x {cols}: x given as pairs (loads {loads}) gives other bits than converting it in the kernel")
+                forms.append((True, configs[0], forms[1][2], loads))
         rounds: list[list[float]] = [[] for _ in forms]
         for _ in range(ROUNDS):
-            for form, (use_tiled, c, copies) in enumerate(forms):
+            for form, (use_tiled, c, copies, loads) in enumerate(forms):
                 _, block_n, block_kb, split_k, warps, loop, words = c
 
-                def step(weights=weights, copies=copies):
+                def step(weights=weights, copies=copies, loads=loads):
                     for index in range(CALLS):
                         p, s = weights[index % count]
                         nvfp4_gemv._launch_half(x, p, s, scale_2, out, block_n, block_kb // 8, split_k, warps, loop, fp8=words == 3,
-                                                tiled=copies[index % count] if use_tiled else None)  # fmt: skip
+                                                tiled=copies[index % count] if use_tiled else None, x_pairs=pairs if loads else None,
+                                                pair_loads=loads or 1)  # fmt: skip
 
                 rounds[form].append(graph_seconds(step) * 1e6 / CALLS)
         best = [min(r) for r in rounds]
@@ -158,8 +175,14 @@ def main() -> None:
                   "ratio": tile_major / row_major, "rounds_us": {"row_major": rounds[0], "tile_major": rounds[1]}}  # fmt: skip
         print(f"GEMV {rows} x {cols} {config}: row-major {row_major:6.2f} us, tile-major {tile_major:6.2f} us, "
               f"ratio {tile_major / row_major:.3f} (bit-equal)", flush=True)  # fmt: skip
+        if args.x_pairs:
+            record["x_pairs"] = [{"loads": f[3], "tile_major_us": t, "over_converting": t / tile_major, "rounds_us": r}
+                                 for f, t, r in zip(forms, best, rounds, strict=True) if f[3]]  # fmt: skip
+            for item in record["x_pairs"]:
+                print(f"  x given as pairs, loads {item['loads']}: {item['tile_major_us']:6.2f} us ({item['over_converting']:.3f} of converting x)", flush=True)
         if args.sweep:
-            record["sweep"] = [{"config": c, "tile_major_us": t, "rounds_us": r} for (_, c, _), t, r in zip(forms[1:], best[1:], rounds[1:], strict=True)]
+            swept = [(f, t, r) for f, t, r in zip(forms[1:], best[1:], rounds[1:], strict=True) if not f[3]]
+            record["sweep"] = [{"config": f[1], "tile_major_us": t, "rounds_us": r} for f, t, r in swept]
             fastest = min(record["sweep"], key=lambda item: item["tile_major_us"])
             record["best_tiled"] = {"config": fastest["config"], "tile_major_us": fastest["tile_major_us"]}
             for item in record["sweep"][1:]:

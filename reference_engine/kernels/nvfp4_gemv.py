@@ -360,9 +360,12 @@ def tiled_gemv_weight(weight_packed: torch.Tensor, weight_scale: torch.Tensor, b
 
 
 def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n: int, block_b: int, split_k: int, num_warps: int, loop: int,
-                 fp8: bool = False, tiled: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 fp8: bool = False, tiled: tuple[torch.Tensor, torch.Tensor] | None = None, x_pairs: torch.Tensor | None = None,
+                 pair_loads: int = 1) -> None:
     """The packed-float16 GEMV; `tiled`: (words, scales) from `tiled_gemv_weight` for this (block_n, block_b), read
-    instead of the row-major codes and scales (the same bits out)."""
+    instead of the row-major codes and scales (the same bits out). `x_pairs`: x2d already as the block dot's float16
+    pairs (`nvfp4_half_dot.x_half_pairs(x2d, fp8)`, the same fp8 setting), read instead of converting x in every
+    program (the same bits out); `pair_loads` 1 or 2: how the kernel loads them (`nvfp4_half_dot._half_rows_dot`)."""
     from reference_engine.kernels.nvfp4_half_dot import _w4a16_gemv_half_kernel
 
     rows, k_blocks = weight_packed.shape[0], weight_packed.shape[1] // 8
@@ -378,10 +381,14 @@ def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_
         workspace = torch.empty((split_k, rows), dtype=torch.float32, device=x2d.device)
         counters = ticket_counters(x2d.device, row_blocks)
     blocks, scales = (weight_packed.view(torch.int64), weight_scale) if tiled is None else tiled
+    if pair_loads not in (1, 2):
+        raise ValueError(f"pair_loads must be 1 or 2, got {pair_loads}")
+    if x_pairs is not None and (x_pairs.dtype != torch.int32 or x_pairs.shape != (x2d.shape[0], x2d.shape[1] // 2) or not x_pairs.is_contiguous()):
+        raise ValueError(f"x_pairs must be contiguous int32 [{x2d.shape[0]}, {x2d.shape[1] // 2}] (x_half_pairs), got {x_pairs.dtype} {tuple(x_pairs.shape)}")
     _w4a16_gemv_half_kernel[(row_blocks, split_k)](
-        x2d.view(torch.int32), blocks, scales, scale_2, out2d, workspace, counters, rows, k_blocks,
+        x2d.view(torch.int32) if x_pairs is None else x_pairs, blocks, scales, scale_2, out2d, workspace, counters, rows, k_blocks,
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_N=block_n, BLOCK_B=block_b, ROW_SCALES=row_scales, LOOP=loop,
-        ASM=not interpreting(), FP8=fp8, TILED=tiled is not None, num_warps=num_warps,
+        ASM=not interpreting(), FP8=fp8, TILED=tiled is not None, X_PAIRS=0 if x_pairs is None else pair_loads, num_warps=num_warps,
     )
 
 

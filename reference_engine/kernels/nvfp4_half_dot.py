@@ -23,6 +23,7 @@ that. The interpreter runs the same decode as integers and the products in float
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -153,6 +154,20 @@ def _block_words(words_ptr, blocks, ok, CG: tl.constexpr = False):
 
 
 @triton.jit
+def _pair_words(pairs_ptr, blocks, ok, BB: tl.constexpr):
+    """`_block_words` read as one [BB, 8] tile (each block's 8 words contiguous), then split into the 8 words."""
+    tile = tl.load(pairs_ptr + blocks[:, None] * 8 + tl.arange(0, 8)[None, :], mask=ok[:, None], other=0)
+    even, odd = tl.split(tl.reshape(tile, (BB, 2, 2, 2)))  # word j = 4a + 2b + c: c = 0, then c = 1
+    w0_4, w2_6 = tl.split(even)
+    w1_5, w3_7 = tl.split(odd)
+    x0, x4 = tl.split(w0_4)
+    x2, x6 = tl.split(w2_6)
+    x1, x5 = tl.split(w1_5)
+    x3, x7 = tl.split(w3_7)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
 def _x_half_pairs(x32_ptr, blocks, ok, ASM: tl.constexpr, FP8: tl.constexpr = False, CG: tl.constexpr = False):
     """x read as int32 (bfloat16 pairs), at scale blocks `blocks` [BB] (16 elements each) -> the 8 float16x2
     pairs the block dot takes: word 0's (x[16b + j], x[16b + j + 4]) for j = 0..3, then word 1's (+8).
@@ -266,11 +281,14 @@ def _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN: tl.constexpr, BB: tl.c
 
 @triton.jit
 def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block0, BN: tl.constexpr, BB: tl.constexpr, ASM: tl.constexpr,
-                   FP8: tl.constexpr = False, tile_base=0, TILED: tl.constexpr = False):
+                   FP8: tl.constexpr = False, tile_base=0, TILED: tl.constexpr = False, X_PAIRS: tl.constexpr = 0):
     """Scale blocks block0..block0+BB of rows `rows` [BN] (int64) against x: float32 [BN, BB], each block's
     sum times its block scale and 2^-4 (the caller sums, and multiplies by `BLOCK_SUM_SCALE` and the tensor scale).
     FP8: the E4M3 decode. TILED: codes and scales in tile-major order (`ops.tiled_experts.tile_major` with one part:
-    each [BN rows, BB blocks] step stored contiguously), this row tile from word `tile_base`; block0 a multiple of BB."""
+    each [BN rows, BB blocks] step stored contiguously), this row tile from word `tile_base`; block0 a multiple of BB.
+    X_PAIRS 1 or 2: `x32_ptr` holds x already as the block dot's float16 pairs (`x_half_pairs`: 8 int32 words a block,
+    in `_x_half_pairs`'s order for this FP8 setting), loaded instead of converted here: 1 as 8 word loads a block, 2 as
+    one [BB, 8] tile split in registers (16-byte loads; sm_90 SASS: fewer instructions at 256-row tiles, more at 64)."""
     cols = block0 + tl.arange(0, BB)
     ok = cols < K_BLOCKS
     tile_ok = row_ok[:, None] & ok[None, :]
@@ -280,7 +298,12 @@ def _half_rows_dot(blocks_ptr, scale_ptr, rows, row_ok, x32_ptr, K_BLOCKS, block
         offsets = rows[:, None] * K_BLOCKS + cols[None, :]
     block = tl.load(blocks_ptr + offsets, mask=tile_ok, other=0)  # [BN, BB] int64
     scale = tl.load(scale_ptr + offsets, mask=tile_ok, other=0.0).to(tl.float32)  # one E4M3 scale per block
-    p0, p1, p2, p3, p4, p5, p6, p7 = _x_half_pairs(x32_ptr, cols, ok, ASM, FP8)
+    if X_PAIRS == 2:
+        p0, p1, p2, p3, p4, p5, p6, p7 = _pair_words(x32_ptr, cols, ok, BB)
+    elif X_PAIRS == 1:
+        p0, p1, p2, p3, p4, p5, p6, p7 = _block_words(x32_ptr, cols, ok)
+    else:
+        p0, p1, p2, p3, p4, p5, p6, p7 = _x_half_pairs(x32_ptr, cols, ok, ASM, FP8)
     return _block_dot(block, p0, p1, p2, p3, p4, p5, p6, p7, BN, BB, ASM, FP8) * scale
 
 
@@ -289,10 +312,13 @@ def _w4a16_gemv_half_kernel(
     x32_ptr, blocks_ptr, scale_ptr, scale_2_ptr, out_ptr, workspace_ptr, counter_ptr, N, K_BLOCKS,
     STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr, FP8: tl.constexpr = False, TILED: tl.constexpr = False,
+    X_PAIRS: tl.constexpr = 0,
 ):
     """One token: out[n] = sum_k x[k] W[n, k]. Grid (cdiv(N, BLOCK_N), SPLIT_K); BLOCK_B scale blocks
     (16 elements, 8 bytes) per row per step. TILED: `blocks_ptr` and `scale_ptr` hold a tile-major copy for
-    (BLOCK_N, BLOCK_B) (whole row tiles and steps only; the caller checks).
+    (BLOCK_N, BLOCK_B) (whole row tiles and steps only; the caller checks). X_PAIRS 1 or 2: `x32_ptr` is x as float16
+    pairs (`x_half_pairs`; `_half_rows_dot` says how each form loads them), so no program converts x (sm_90 SASS of the
+    GDN in_proj tile: 2,079 instructions a thread converting, 1,566 and 1,460 with the pairs given).
 
     Split-K without a second launch: each program stores its float32 partial sums in `workspace [SPLIT_K, N]`,
     then takes a ticket from its row block's counter (`counter_ptr [cdiv(N, BLOCK_N)]` int32, zero between
@@ -312,15 +338,15 @@ def _w4a16_gemv_half_kernel(
     if LOOP == 1:  # unrolled: every step's loads may be issued before the first block dot
         for step in tl.static_range(STEPS_PER_SPLIT):
             acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8,
-                                  tile_base, TILED)
+                                  tile_base, TILED, X_PAIRS)
     elif LOOP > 1:
         for step in tl.range(STEPS_PER_SPLIT, num_stages=LOOP):
             acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8,
-                                  tile_base, TILED)
+                                  tile_base, TILED, X_PAIRS)
     else:
         for step in range(STEPS_PER_SPLIT):
             acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8,
-                                  tile_base, TILED)
+                                  tile_base, TILED, X_PAIRS)
     acc = tl.sum(acc, axis=1) * scale_2
     if SPLIT_K == 1:
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
@@ -334,3 +360,21 @@ def _w4a16_gemv_half_kernel(
                 total += tl.load(workspace_ptr + split * N + rows, mask=row_ok, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_ok)
             tl.store(counter_ptr + pid_n, 0)
+
+
+def x_half_pairs(x: torch.Tensor, fp8: bool) -> torch.Tensor:
+    """bfloat16 x [M, K] (K a multiple of 16) -> int32 [M, K / 2]: per 16-element block the 8 float16x2 words the block
+    dot takes (`_x_half_pairs`'s order; with `fp8` the E4M3 decode's order, each value rounded to float16 and then
+    multiplied by 4 in float16, as `_half_pair_times_4` does on the GPU). The same bits the kernels build in registers."""
+    if x.dtype != torch.bfloat16 or x.shape[-1] % 16:
+        raise ValueError(f"x_half_pairs takes bfloat16 x with a multiple of 16 columns, got {x.dtype} {tuple(x.shape)}")
+    blocks = x.reshape(*x.shape[:-1], -1, 16).to(torch.float16)  # bf16 -> f16 rounds to nearest, as cvt.rn.f16x2.f32 of the exact f32
+    if fp8:
+        blocks = blocks * 4  # a float16 multiply by a power of two (exact in the normal range; IEEE rounding elsewhere)
+        low = blocks[..., [0, 4, 1, 5, 8, 12, 9, 13]]
+        high = blocks[..., [2, 6, 3, 7, 10, 14, 11, 15]]
+    else:
+        low = blocks[..., [0, 1, 2, 3, 8, 9, 10, 11]]
+        high = blocks[..., [4, 5, 6, 7, 12, 13, 14, 15]]
+    words = low.view(torch.int16).to(torch.int32) & 0xFFFF | high.view(torch.int16).to(torch.int32) << 16
+    return words.reshape(*x.shape[:-1], x.shape[-1] // 2).contiguous()

@@ -149,6 +149,47 @@ print("ok")
 """
 
 
+# x converted once into the block dot's float16 pairs (`x_half_pairs`) and read by the GEMV (`X_PAIRS`) gives the bits of
+# the in-kernel conversion, for both decodes, row-major or tile-major weights, both load forms; pairs built in the other decode's order
+# (a known-wrong input) miss by far; pairs of the wrong shape or dtype are refused.
+X_PAIRS_SCRIPT = """
+import torch
+from reference_engine.kernels import nvfp4_gemv
+from reference_engine.kernels.nvfp4_half_dot import x_half_pairs
+from reference_engine.quant.nvfp4 import quantize_nvfp4
+
+g = torch.Generator().manual_seed(17)
+packed, scale, scale_2 = quantize_nvfp4(torch.randn(64, 512, generator=g))
+x = torch.randn(1, 512, generator=g).bfloat16()
+for block_n, block_b, split_k, loop, fp8, tiled, loads in ((16, 4, 2, 0, False, False, 1), (32, 8, 1, 1, True, True, 2), (16, 8, 4, 3, True, False, 1),
+                                                          (64, 4, 2, 0, False, True, 2)):
+    copy = nvfp4_gemv.tiled_gemv_weight(packed, scale, block_n, block_b) if tiled else None
+    converted = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
+    nvfp4_gemv._launch_half(x, packed, scale, scale_2, converted, block_n, block_b, split_k, 4, loop, fp8=fp8, tiled=copy)
+    given = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
+    nvfp4_gemv._launch_half(x, packed, scale, scale_2, given, block_n, block_b, split_k, 4, loop, fp8=fp8, tiled=copy, x_pairs=x_half_pairs(x, fp8),
+                            pair_loads=loads)  # fmt: skip
+    assert torch.isfinite(converted).all() and torch.equal(given, converted), (block_n, block_b, split_k, loop, fp8, tiled, loads)
+    other_order = torch.full((1, 64), float("nan"), dtype=torch.bfloat16)
+    nvfp4_gemv._launch_half(x, packed, scale, scale_2, other_order, block_n, block_b, split_k, 4, loop, fp8=fp8, tiled=copy, x_pairs=x_half_pairs(x, not fp8),
+                            pair_loads=loads)  # fmt: skip
+    error = float((other_order.double() - converted.double()).norm() / converted.double().norm())
+    assert error > 0.1, (fp8, error)
+for bad in (x_half_pairs(x, False)[:, :128], x_half_pairs(x, False).float()):
+    try:
+        nvfp4_gemv._launch_half(x, packed, scale, scale_2, given, 16, 4, 1, 4, 0, x_pairs=bad)
+        raise AssertionError("bad pairs were accepted")
+    except ValueError as refused:
+        print(f"refused: {refused}")
+try:
+    x_half_pairs(x.float(), False)
+    raise AssertionError("float32 x was accepted")
+except ValueError as refused:
+    print(f"refused: {refused}")
+print("ok")
+"""
+
+
 @pytest.fixture(scope="module")
 def run():
     return interpreter_run({CONTRACT: {IMPL: CPU_CASES} | {f"wrong_kernels:{name}": WRONG_CASES for name in WRONG}}, BATCH_ONE_SCRIPT)
@@ -165,6 +206,10 @@ def test_batch_one_configuration_matches_the_torch_op(run):
 
 def test_tile_major_copies_give_the_row_major_bits():
     assert_script_ok(interpreter_run({}, TILED_SCRIPT, timeout=900))
+
+
+def test_x_converted_once_into_pairs_gives_the_in_kernel_bits():
+    assert_script_ok(interpreter_run({}, X_PAIRS_SCRIPT, timeout=900))
 
 
 def test_contract_cpu_cases_pass_under_the_interpreter(records):
