@@ -4,7 +4,7 @@
 # 1. `kernels/time_stream_shapes.py`: the fastest pure read of each batch-1 kernel's bytes over grid shapes, with the
 #    real batch-1 GEMVs timed in the same run (best read / GEMV).
 # 2. `kernels/time_moe_pairs_fused.py --tokens 1,2`: the one-launch experts with the waiting programs sleeping between
-#    counter reads (run79: spinning, 1.5x the two launches at one token); writes the tuning keys into a copy.
+#    counter reads (run79: spinning, 1.65x the two launches at one token); writes the tuning keys into a copy.
 # 3. `kernels/time_moe_decode.py --small-batches`: the per-pair MoE block at 2, 4, 8 and 12 tokens over tile settings
 #    (run79: two launches took 50 us at 2 tokens against 17.6 at one; batches 2 to 15 run run9's larger-batch setting).
 set -u

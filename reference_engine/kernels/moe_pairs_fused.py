@@ -77,7 +77,7 @@ def _wait_for(counter_ptr, target, ASM: tl.constexpr, SLEEP_NS: tl.constexpr = 0
 
     SLEEP_NS > 0 (with ASM): `nanosleep` between reads. Every warp of every waiting program reads the same few counter
     words, all held by one L2 slice, while the gate/up programs stream their weights through the L2 (run79: the fused
-    launch took 1.5x the two launches' time at one token); the sleep thins those reads."""
+    launch took 1.65x the two launches' time at one token); the sleep thins those reads."""
     seen = _load_acquire(counter_ptr, ASM)
     while seen < target:
         if ASM and SLEEP_NS > 0:
