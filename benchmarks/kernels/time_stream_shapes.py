@@ -36,6 +36,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sweep_w4a16_gemv import copies_for
+from time_weight_layout import copy_bandwidth
 
 from reference_engine.bench.timing import graph_seconds
 
@@ -160,13 +161,6 @@ def time_gemvs(tuning_path: Path | None) -> dict[str, dict]:
         us = min(graph_seconds(step) * 1e6 / CALLS for _ in range(ROUNDS))
         found[name] = {"config": entry["config"], "tile_major": tiled_on, "us": us}
     return found
-
-
-def copy_bandwidth() -> float:
-    """Bytes a second of `copy_` over 1 GiB (read plus write), the faster of two graph timings."""
-    big = torch.empty(1 << 30, device="cuda", dtype=torch.uint8)
-    dst = torch.empty_like(big)
-    return 2 * big.numel() / min(graph_seconds(lambda: dst.copy_(big), replays=5) for _ in range(2))
 
 
 def main() -> None:
