@@ -215,16 +215,16 @@ def test_fused_launch_on_cuda_matches_two_launches_and_replays(tokens):
     tiles = moe_decode._settings(tokens)[:3]
     want = torch.full((tokens, HIDDEN), float("nan"), dtype=torch.bfloat16, device="cuda")
     moe_decode.nvfp4_experts_with_shared(x, weights, ids, experts, shared, want)
-    for rows in (4, 8, 16):
-        moe_pairs_fused.DOWN_BLOCK_H = rows
+    for rows, sleep_ns in ((4, 0), (8, 0), (16, 0), (4, 1000)):  # the last: waiting programs sleep between reads (SPIN_NS)
+        moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.SPIN_NS = rows, sleep_ns
         got = torch.full_like(want, float("nan"))
         poison_next_activation_buffer(tokens)
         moe_pairs_fused.fused_pairs_with_shared(x, weights, ids, experts, shared, got, tiles)
         torch.cuda.synchronize()
         assert torch.isfinite(got).all()
         error = float((got.double() - want.double()).norm() / want.double().norm())
-        assert error < 4e-3, (rows, error)
-    moe_pairs_fused.DOWN_BLOCK_H = 8
+        assert error < 4e-3, (rows, sleep_ns, error)
+    moe_pairs_fused.DOWN_BLOCK_H, moe_pairs_fused.SPIN_NS = 8, 0
     out = torch.full_like(want, float("nan"))
     graph = torch.cuda.CUDAGraph()
     moe_pairs_fused.fused_pairs_with_shared(x, weights, ids, experts, shared, out, tiles)  # compiled before capture
