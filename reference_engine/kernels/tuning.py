@@ -13,7 +13,9 @@ A tuning file is JSON written by the timing scripts in `benchmarks/kernels/` on 
      "moe_grouped_decode": {"min_tokens": 16, "gate_up_block_n": 32, ...the other GroupedPlan fields}}
 
 GEMV configs have 6 or 7 entries (the 7th: 1 for int32 word reads, 2 for packed float16 pairs at batch 1, 3 for those pairs
-with the codes widened through E4M3, `nvfp4_half_dot`'s FP8 decode; the MoE settings' `WORDS` the same). The MoE
+with the codes widened through E4M3, `nvfp4_half_dot`'s FP8 decode; the MoE settings' `WORDS` the same).
+`moe_decode_small_batches` gives the per-pair MoE kernels settings by batch ceiling from 2 tokens up, the first entry
+that covers a batch winning (`benchmarks/kernels/time_moe_decode.py --small-batches`). The MoE
 settings' `DOWN_SPLIT` is the programs a token's down slots are dealt over; `gdn_step_split` the programs per split GDN
 decode head, `gdn_step_fused_conv` 1 the step in one launch (the conv inside the recurrent kernel;
 `benchmarks/kernels/time_gdn_fused_conv.py`) at every batch, `gdn_step_fused_conv_max_batch` up to that batch,
