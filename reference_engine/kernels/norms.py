@@ -45,8 +45,31 @@ def _step_column(n):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, steps_ptr, n_rows, D, eps, z_heads, stride_zt,
-                     MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr, STEPS: tl.constexpr, ROWS: tl.constexpr):
+def _pair_columns(words, FP8: tl.constexpr):
+    """Word w of a row's float16 pairs -> the columns of its low and high half (`nvfp4_half_dot.x_half_pairs` order)."""
+    base = (words >> 3) * 16
+    t = words & 7
+    if FP8:
+        low = base + (t & 1) * 4 + ((t >> 1) & 1) + (t >> 2) * 8
+        return low, low + 2
+    low = base + (t & 3) + (t >> 2) * 8
+    return low, low + 4
+
+
+@triton.jit
+def _pair_half(values, FP8: tl.constexpr):
+    """Stored output values (in float32) rounded to bfloat16 (a no-op for a bfloat16 buffer; the interpreter's
+    staging buffer is float32) -> float16 bits in the low 16 of an int32 (times 4 in float16 with FP8)."""
+    half = _round_to_bf16(values).to(tl.float16)
+    if FP8:
+        half = half * 4
+    return half.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, steps_ptr, pairs_ptr, n_rows, D, eps, z_heads, stride_zt,
+                     MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr, STEPS: tl.constexpr, ROWS: tl.constexpr,
+                     PAIRS: tl.constexpr = 0):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
     cols = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
     ok = (cols < D) & (rows < n_rows)
@@ -70,6 +93,14 @@ def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_o
     tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=ok)
     if STEPS:  # the same values again, each 128-column step permuted (D a multiple of 128)
         tl.store(steps_ptr + rows * D + _step_column(cols), y.to(steps_ptr.dtype.element_ty), mask=ok)
+    if PAIRS:  # the stored bfloat16 row again as the batch-1 GEMV's float16 pairs (PAIRS 2: its E4M3 order), D % 16 == 0
+        tl.debug_barrier()  # this program's stores of `out` are visible to all its threads
+        words = tl.arange(0, BLOCK_D // 2)[None, :]
+        word_ok = (words < D // 2) & (rows < n_rows)
+        low, high = _pair_columns(words, PAIRS == 2)
+        low_values = tl.load(out_ptr + rows * D + low, mask=word_ok, other=0.0).to(tl.float32)
+        high_values = tl.load(out_ptr + rows * D + high, mask=word_ok, other=0.0).to(tl.float32)
+        tl.store(pairs_ptr + rows * (D // 2) + words, _pair_half(low_values, PAIRS == 2) | (_pair_half(high_values, PAIRS == 2) << 16), mask=word_ok)
 
 
 # Elements per program: a program normalises max(1, ROW_ELEMENTS // BLOCK_D) rows (tuning key `norm_row_elements`).
@@ -85,7 +116,7 @@ def rows_per_program(width: int, row_elements: int | None = None) -> int:
     return min(64, next_power_of_2(rows))
 
 
-def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=None, steps_out=None) -> None:
+def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=None, steps_out=None, pairs_out=None, pairs_fp8=False) -> None:
     width = x.shape[-1]
     rows = x.numel() // width
     if rows == 0:
@@ -104,9 +135,9 @@ def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=
     _rms_norm_kernel[(triton.cdiv(rows, per_program),)](
         x_c, residual.contiguous() if residual is not None else x_c, z_c,
         weight.contiguous(), target, residual_target if residual_target is not None else target,
-        steps if steps is not None else target, rows, width, float(eps), z_heads, stride_zt,
+        steps if steps is not None else target, pairs_out if pairs_out is not None else target, rows, width, float(eps), z_heads, stride_zt,
         MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=next_power_of_2(width), STEPS=int(steps_out is not None),
-        ROWS=per_program,
+        ROWS=per_program, PAIRS=0 if pairs_out is None else 1 + bool(pairs_fp8),
     )
     if residual_target is not None and residual_target is not residual_out:
         residual_out.copy_(residual_target)
@@ -128,13 +159,29 @@ def _token_strided(z: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 
 @satisfies("norms-and-activations/rmsnorm", major=1, devices=("cuda",), backend="triton")
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """out = x * rsqrt(mean(x^2, -1) + eps) * (1 + weight), float32 inside, over the last dim of x [..., D]."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float = 1e-6, pairs_out: torch.Tensor | None = None,
+             pairs_fp8: bool = False) -> torch.Tensor:
+    """out = x * rsqrt(mean(x^2, -1) + eps) * (1 + weight), float32 inside, over the last dim of x [..., D].
+
+    `pairs_out` (kernel only, optional): contiguous int32 [..., D / 2] that also receives out as the batch-1 GEMV's
+    float16 pairs (`nvfp4_half_dot.x_half_pairs(out, pairs_fp8)`, the same bits), so no GEMV program converts x."""
     _check_norm_inputs(x, weight, eps)
     _check_same("out", out, x, "x")
-    require_launchable(x, weight, out)
-    _launch(PLAIN, x, weight, out, eps)
+    _check_pairs_out(pairs_out, out)
+    require_launchable(x, weight, out, *(() if pairs_out is None else (pairs_out,)))
+    _launch(PLAIN, x, weight, out, eps, pairs_out=pairs_out, pairs_fp8=pairs_fp8)
     return out
+
+
+def _check_pairs_out(pairs_out: torch.Tensor | None, out: torch.Tensor) -> None:
+    """`pairs_out` must be contiguous int32 [..., D / 2] for a bfloat16 `out` [..., D] with D a multiple of 16."""
+    if pairs_out is None:
+        return
+    expected = (*out.shape[:-1], out.shape[-1] // 2)
+    if out.dtype != torch.bfloat16 or out.shape[-1] % 16 or pairs_out.dtype != torch.int32 or tuple(pairs_out.shape) != expected \
+            or not pairs_out.is_contiguous() or pairs_out.device != out.device:
+        raise ValueError(f"pairs_out must be contiguous int32 {list(expected)} on {out.device} for a bfloat16 out with a multiple of 16 "
+                         f"columns, got {pairs_out.dtype} {list(pairs_out.shape)} on {pairs_out.device} for {out.dtype} {list(out.shape)}")
 
 
 @satisfies("norms-and-activations/gated-rmsnorm", major=1, devices=("cuda",), backend="triton")
@@ -157,12 +204,15 @@ def fused_add_rms_norm(
     residual_out: torch.Tensor,
     eps: float = 1e-6,
     steps_out: torch.Tensor | None = None,
+    pairs_out: torch.Tensor | None = None,
+    pairs_fp8: bool = False,
 ) -> torch.Tensor:
     """residual_out = x + residual (rounded to x.dtype); out = rms_norm(residual_out). All [..., D].
 
     `steps_out` (kernel only, optional): a contiguous [..., D] buffer (D a multiple of 128) that also receives out's
     values with each 128-column step in `moe_prefill_gluon.permute_steps` order, the operand order of the Gluon
-    experts' gate/up launch (`nvfp4_gemm.nvfp4_moe_prefill(x_steps=)`), so the prefill needs no copy launch."""
+    experts' gate/up launch (`nvfp4_gemm.nvfp4_moe_prefill(x_steps=)`), so the prefill needs no copy launch.
+    `pairs_out`, `pairs_fp8` (kernel only, optional): out again as float16 pairs, as in `rms_norm`."""
     _check_norm_inputs(x, weight, eps)
     _check_same("residual", residual, x, "x")
     _check_same("out", out, x, "x")
@@ -172,6 +222,9 @@ def fused_add_rms_norm(
         if not steps_out.is_contiguous() or x.shape[-1] % 128:
             raise ValueError(f"steps_out must be contiguous with a last dim that is a multiple of 128, got shape {list(steps_out.shape)} "
                              f"(contiguous: {steps_out.is_contiguous()})")  # fmt: skip
-    require_launchable(x, residual, weight, out, residual_out, *(() if steps_out is None else (steps_out,)))
-    _launch(FUSED_ADD, x, weight, out, eps, residual=residual, residual_out=residual_out, steps_out=steps_out)
+    _check_pairs_out(pairs_out, out)
+    extra = tuple(buffer for buffer in (steps_out, pairs_out) if buffer is not None)
+    require_launchable(x, residual, weight, out, residual_out, *extra)
+    _launch(FUSED_ADD, x, weight, out, eps, residual=residual, residual_out=residual_out, steps_out=steps_out, pairs_out=pairs_out,
+            pairs_fp8=pairs_fp8)
     return out
