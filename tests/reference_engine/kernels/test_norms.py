@@ -183,6 +183,92 @@ def test_fused_add_norm_steps_copy_on_cuda():
     assert torch.equal(outs[1][2], permute_steps(outs[1][0]))
 
 
+# rms_norm / fused_add_rms_norm(pairs_out=): the bfloat16 output again as the batch-1 GEMV's float16 pairs, bit-equal
+# to `x_half_pairs(out, fp8)` in both orders, out and residual_out unchanged; NaN-poisoned outputs and a poisoned
+# pairs buffer, random data, one row of the real width and several short rows. Known-wrong variants (the E4M3 order's
+# column groups swapped; the float16 value not multiplied by 4) must be caught, and bad buffers refused.
+PAIRS_SCRIPT = """
+import torch
+import wrong_source
+from reference_engine.kernels import norms as kernels
+from reference_engine.kernels.nvfp4_half_dot import x_half_pairs
+
+g = torch.Generator().manual_seed(43)
+
+def run(module, x, residual, weight, fp8, pairs=True):
+    out, residual_out = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+    pairs_out = torch.full((*x.shape[:-1], x.shape[-1] // 2), -1, dtype=torch.int32) if pairs else None
+    if residual is None:
+        module.rms_norm(x, weight, out, pairs_out=pairs_out, pairs_fp8=fp8)
+    else:
+        module.fused_add_rms_norm(x, residual, weight, out, residual_out, pairs_out=pairs_out, pairs_fp8=fp8)
+    return out, residual_out, pairs_out
+
+cases = []
+for T, D in ((1, 2048), (5, 48)):
+    x, residual = torch.randn(T, D, generator=g).bfloat16(), torch.randn(T, D, generator=g).bfloat16()
+    weight = (torch.randn(D, generator=g) * 0.1).bfloat16()
+    for add in (False, True):
+        for fp8 in (False, True):
+            out, residual_out, pairs = run(kernels, x, residual if add else None, weight, fp8)
+            plain_out, plain_residual, _ = run(kernels, x, residual if add else None, weight, fp8, pairs=False)
+            assert torch.equal(out, plain_out) and (not add or torch.equal(residual_out, plain_residual)), "pairs_out changed out"
+            assert torch.equal(pairs, x_half_pairs(out, fp8)), (T, D, add, fp8)
+            assert not torch.equal(pairs, x_half_pairs(out, not fp8)), "both orders agree on this data: the check could not fail"
+            cases.append((x, residual if add else None, weight, fp8, pairs))
+print(f"{len(cases)} cases: pairs_out == x_half_pairs(out, fp8)")
+for name, old, new in (
+    ("fp8_groups_swapped", "(t & 1) * 4 + ((t >> 1) & 1)", "(t & 1) + ((t >> 1) & 1) * 4"),
+    ("fp8_not_times_4", "half = half * 4", "half = half * 1"),
+):
+    wrong = wrong_source.wrong_module(kernels, name, old, new)
+    caught = sum(not torch.equal(run(wrong, x, r, w, fp8)[2], pairs) for x, r, w, fp8, pairs in cases if fp8)
+    assert caught == sum(case[3] for case in cases), name
+    print(f"wrong {name}: caught in {caught} cases")
+x, weight = cases[0][0], cases[0][2]
+for bad, why in (
+    (torch.empty(1, 1024, dtype=torch.int64), "dtype"),
+    (torch.empty(1, 2048, dtype=torch.int32), "shape"),
+    (torch.empty(2048, 1, dtype=torch.int32)[::2].t(), "contiguous"),
+):
+    try:
+        kernels.rms_norm(x, weight, torch.empty_like(x), pairs_out=bad)
+        raise AssertionError(f"pairs_out with a wrong {why} accepted")
+    except ValueError as error:
+        print(f"refused ({why}): {error}")
+try:
+    kernels.rms_norm(x.float(), weight.float(), torch.empty_like(x.float()), pairs_out=torch.empty(1, 1024, dtype=torch.int32))
+    raise AssertionError("pairs_out for a float32 out accepted")
+except ValueError as error:
+    print(f"refused (float32 out): {error}")
+print("ok")
+"""
+
+
+def test_norms_write_the_gemv_pairs_under_the_interpreter():
+    assert_script_ok(interpreter_run({}, PAIRS_SCRIPT, timeout=900))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fp8", [False, True])
+def test_norm_pairs_on_cuda(fp8):
+    """The real width (2048), one token and 8: pairs_out bit-equal to x_half_pairs(out), out unchanged."""
+    from reference_engine.kernels import norms as kernels
+    from reference_engine.kernels.nvfp4_half_dot import x_half_pairs
+
+    generator = torch.Generator(device="cuda").manual_seed(6)
+    for tokens in (1, 8):
+        x, residual = (torch.randn(tokens, 2048, generator=generator, device="cuda").bfloat16() for _ in range(2))
+        weight = (torch.randn(2048, generator=generator, device="cuda") * 0.1).bfloat16()
+        outs = []
+        for pairs in (None, torch.full((tokens, 1024), -1, dtype=torch.int32, device="cuda")):
+            out, residual_out = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+            kernels.fused_add_rms_norm(x, residual, weight, out, residual_out, pairs_out=pairs, pairs_fp8=fp8)
+            outs.append((out, residual_out, pairs))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+        assert torch.equal(outs[1][2], x_half_pairs(outs[1][0], fp8))
+
+
 # Several short rows per program (`ROW_ELEMENTS`): every mode against the torch ops on random data with NaN-poisoned
 # outputs, row counts that leave a partial last program, and the fused add's residual bit-equal; a known-wrong launch
 # whose programs overlap (the row offset not scaled by ROWS) leaves rows unwritten and is caught.
