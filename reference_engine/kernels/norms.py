@@ -67,6 +67,15 @@ def _pair_half(values, FP8: tl.constexpr):
 
 
 @triton.jit
+def _store_pairs(row_ptr, dest_ptr, words, word_ok, FP8: tl.constexpr):
+    """The stored row's float16 pairs (`nvfp4_half_dot.x_half_pairs` order for FP8) -> int32 words at `dest_ptr`."""
+    low, high = _pair_columns(words, FP8)
+    low_values = tl.load(row_ptr + low, mask=word_ok, other=0.0).to(tl.float32)
+    high_values = tl.load(row_ptr + high, mask=word_ok, other=0.0).to(tl.float32)
+    tl.store(dest_ptr + words, _pair_half(low_values, FP8) | (_pair_half(high_values, FP8) << 16), mask=word_ok)
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, steps_ptr, pairs_ptr, n_rows, D, eps, z_heads, stride_zt,
                      MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr, STEPS: tl.constexpr, ROWS: tl.constexpr,
                      PAIRS: tl.constexpr = 0):
@@ -93,14 +102,15 @@ def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_o
     tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=ok)
     if STEPS:  # the same values again, each 128-column step permuted (D a multiple of 128)
         tl.store(steps_ptr + rows * D + _step_column(cols), y.to(steps_ptr.dtype.element_ty), mask=ok)
-    if PAIRS:  # the stored bfloat16 row again as the batch-1 GEMV's float16 pairs (PAIRS 2: its E4M3 order), D % 16 == 0
+    if PAIRS:  # the stored bfloat16 row again as the batch-1 GEMV's float16 pairs, D % 16 == 0
         tl.debug_barrier()  # this program's stores of `out` are visible to all its threads
         words = tl.arange(0, BLOCK_D // 2)[None, :]
         word_ok = (words < D // 2) & (rows < n_rows)
-        low, high = _pair_columns(words, PAIRS == 2)
-        low_values = tl.load(out_ptr + rows * D + low, mask=word_ok, other=0.0).to(tl.float32)
-        high_values = tl.load(out_ptr + rows * D + high, mask=word_ok, other=0.0).to(tl.float32)
-        tl.store(pairs_ptr + rows * (D // 2) + words, _pair_half(low_values, PAIRS == 2) | (_pair_half(high_values, PAIRS == 2) << 16), mask=word_ok)
+        if PAIRS == 3:  # both orders: [rows, 2, D / 2], plain then E4M3
+            _store_pairs(out_ptr + rows * D, pairs_ptr + rows * D, words, word_ok, False)
+            _store_pairs(out_ptr + rows * D, pairs_ptr + rows * D + D // 2, words, word_ok, True)
+        else:
+            _store_pairs(out_ptr + rows * D, pairs_ptr + rows * (D // 2), words, word_ok, PAIRS == 2)
 
 
 # Elements per program: a program normalises max(1, ROW_ELEMENTS // BLOCK_D) rows (tuning key `norm_row_elements`).
@@ -137,7 +147,7 @@ def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=
         weight.contiguous(), target, residual_target if residual_target is not None else target,
         steps if steps is not None else target, pairs_out if pairs_out is not None else target, rows, width, float(eps), z_heads, stride_zt,
         MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=next_power_of_2(width), STEPS=int(steps_out is not None),
-        ROWS=per_program, PAIRS=0 if pairs_out is None else 1 + bool(pairs_fp8),
+        ROWS=per_program, PAIRS=0 if pairs_out is None else 3 if pairs_fp8 is None else 1 + bool(pairs_fp8),
     )
     if residual_target is not None and residual_target is not residual_out:
         residual_out.copy_(residual_target)
@@ -160,24 +170,26 @@ def _token_strided(z: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 @satisfies("norms-and-activations/rmsnorm", major=1, devices=("cuda",), backend="triton")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float = 1e-6, pairs_out: torch.Tensor | None = None,
-             pairs_fp8: bool = False) -> torch.Tensor:
+             pairs_fp8: bool | None = False) -> torch.Tensor:
     """out = x * rsqrt(mean(x^2, -1) + eps) * (1 + weight), float32 inside, over the last dim of x [..., D].
 
     `pairs_out` (kernel only, optional): contiguous int32 [..., D / 2] that also receives out as the batch-1 GEMV's
-    float16 pairs (`nvfp4_half_dot.x_half_pairs(out, pairs_fp8)`, the same bits), so no GEMV program converts x."""
+    float16 pairs (`nvfp4_half_dot.x_half_pairs(out, pairs_fp8)`, the same bits), so no GEMV program converts x; with
+    `pairs_fp8` None, int32 [..., 2, D / 2] with both orders (plain, then E4M3: `gemv_pairs.pairs_buffer`)."""
     _check_norm_inputs(x, weight, eps)
     _check_same("out", out, x, "x")
-    _check_pairs_out(pairs_out, out)
+    _check_pairs_out(pairs_out, out, pairs_fp8)
     require_launchable(x, weight, out, *(() if pairs_out is None else (pairs_out,)))
     _launch(PLAIN, x, weight, out, eps, pairs_out=pairs_out, pairs_fp8=pairs_fp8)
     return out
 
 
-def _check_pairs_out(pairs_out: torch.Tensor | None, out: torch.Tensor) -> None:
-    """`pairs_out` must be contiguous int32 [..., D / 2] for a bfloat16 `out` [..., D] with D a multiple of 16."""
+def _check_pairs_out(pairs_out: torch.Tensor | None, out: torch.Tensor, pairs_fp8: bool | None) -> None:
+    """`pairs_out` must be contiguous int32 [..., D / 2] ([..., 2, D / 2] for both orders, `pairs_fp8` None) for a
+    bfloat16 `out` [..., D] with D a multiple of 16."""
     if pairs_out is None:
         return
-    expected = (*out.shape[:-1], out.shape[-1] // 2)
+    expected = (*out.shape[:-1], *(() if pairs_fp8 is not None else (2,)), out.shape[-1] // 2)
     if out.dtype != torch.bfloat16 or out.shape[-1] % 16 or pairs_out.dtype != torch.int32 or tuple(pairs_out.shape) != expected \
             or not pairs_out.is_contiguous() or pairs_out.device != out.device:
         raise ValueError(f"pairs_out must be contiguous int32 {list(expected)} on {out.device} for a bfloat16 out with a multiple of 16 "
@@ -205,7 +217,7 @@ def fused_add_rms_norm(
     eps: float = 1e-6,
     steps_out: torch.Tensor | None = None,
     pairs_out: torch.Tensor | None = None,
-    pairs_fp8: bool = False,
+    pairs_fp8: bool | None = False,
 ) -> torch.Tensor:
     """residual_out = x + residual (rounded to x.dtype); out = rms_norm(residual_out). All [..., D].
 
@@ -222,7 +234,7 @@ def fused_add_rms_norm(
         if not steps_out.is_contiguous() or x.shape[-1] % 128:
             raise ValueError(f"steps_out must be contiguous with a last dim that is a multiple of 128, got shape {list(steps_out.shape)} "
                              f"(contiguous: {steps_out.is_contiguous()})")  # fmt: skip
-    _check_pairs_out(pairs_out, out)
+    _check_pairs_out(pairs_out, out, pairs_fp8)
     extra = tuple(buffer for buffer in (steps_out, pairs_out) if buffer is not None)
     require_launchable(x, residual, weight, out, residual_out, *extra)
     _launch(FUSED_ADD, x, weight, out, eps, residual=residual, residual_out=residual_out, steps_out=steps_out, pairs_out=pairs_out,

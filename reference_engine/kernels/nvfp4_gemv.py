@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from reference_engine.kernels import gemv_pairs
 from reference_engine.kernels.launch import (
     cdiv,
     finish,
@@ -316,8 +317,9 @@ def launch_w4a16_gemv(
         loop = int(rest[0]) if rest else LOOP
         words = int(rest[1]) if len(rest) > 1 else WORDS
     if words in (2, 3) and _half_path_ok(x2d, weight_packed, block_kb):
+        x_pairs = gemv_pairs.lookup(x2d, words == 3)  # x as float16 pairs, when its producer wrote them (`gemv_pairs.given`)
         _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_n, block_kb // 8, split_k, num_warps, loop, fp8=words == 3,
-                     tiled=_tiled_copy(weight_packed, block_n, block_kb // 8))  # fmt: skip
+                     tiled=_tiled_copy(weight_packed, block_n, block_kb // 8), x_pairs=x_pairs, pair_loads=gemv_pairs.X_PAIRS or 1)  # fmt: skip
         return
     words = min(words, 1)
     codes = weight_packed

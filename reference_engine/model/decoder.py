@@ -3,11 +3,14 @@
 The residual stream is carried between layers so each norm fuses the preceding residual add:
 `residual = x + residual; h = norm(residual)`. On the eager GPU prefill, when the MoE block's experts run the Gluon
 gate/up launch (which reads its input with each 128-column step permuted), the Triton norm before the block also
-writes h in that order (`steps_out`), so the experts need no copy launch of their own.
+writes h in that order (`steps_out`), so the experts need no copy launch of their own. On the batch-1 graph decode
+with `gemv_pairs.X_PAIRS` on, the norm before the mixer also writes h as the GEMV's float16 pairs, which the mixer's
+first NVFP4 GEMV reads instead of converting h in every program (`kernels/gemv_pairs.py`).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +22,24 @@ from reference_engine.model.eager_ops import eager_backend, eager_op
 from reference_engine.model.gated_deltanet import GatedDeltaNet
 from reference_engine.model.moe_block import SparseMoeBlock
 from reference_engine.ops.norms import AddNorm
+
+
+def _mixer_pairs(ops, normed: torch.Tensor, norm_name: str) -> torch.Tensor | None:
+    """A buffer for the mixer input's float16 pairs (`kernels/gemv_pairs.py`) when the graph decode's norm and NVFP4
+    linears are the Triton kernels and the setting applies to this input (one bfloat16 token); else None."""
+    if ops is None or ops.backends.get(norm_name) != "triton" or ops.backends.get("w4a16_linear_rows") != "triton":
+        return None
+    from reference_engine.kernels import gemv_pairs
+
+    return gemv_pairs.pairs_buffer(normed) if gemv_pairs.applies(normed) else None
+
+
+def _pairs_given(normed: torch.Tensor, pairs: torch.Tensor | None) -> contextlib.AbstractContextManager:
+    if pairs is None:
+        return contextlib.nullcontext()
+    from reference_engine.kernels import gemv_pairs
+
+    return gemv_pairs.given(normed, pairs)
 
 
 @dataclass(frozen=True)
@@ -44,14 +65,17 @@ class DecoderLayer:
         norm = ops.rms_norm if ops is not None else eager_op("rms_norm", x)
         add_norm = ops.fused_add_rms_norm if ops is not None else eager_op("fused_add_rms_norm", x)
         normed = torch.empty_like(x)  # [T, H]
+        pairs = _mixer_pairs(ops, normed, "rms_norm" if residual is None else "fused_add_rms_norm")
+        pairs_kwargs = {} if pairs is None else {"pairs_out": pairs, "pairs_fp8": None}
         if residual is None:
             residual = x
-            norm(x, self.input_layernorm, out=normed, eps=self.eps)
+            norm(x, self.input_layernorm, out=normed, eps=self.eps, **pairs_kwargs)
         else:
             new_residual = torch.empty_like(x)  # [T, H]
-            add_norm(x, residual, self.input_layernorm, out=normed, residual_out=new_residual, eps=self.eps)
+            add_norm(x, residual, self.input_layernorm, out=normed, residual_out=new_residual, eps=self.eps, **pairs_kwargs)
             residual = new_residual
-        mixed = self.mixer(normed, batch, caches)  # [T, H]
+        with _pairs_given(normed, pairs):  # the mixer's first NVFP4 GEMV reads the pairs
+            mixed = self.mixer(normed, batch, caches)  # [T, H]
         if prefetch is not None:
             prefetch.at(self.layer_index, "moe")
         post_normed, post_residual = torch.empty_like(x), torch.empty_like(x)  # [T, H]

@@ -217,6 +217,11 @@ for T, D in ((1, 2048), (5, 48)):
             assert not torch.equal(pairs, x_half_pairs(out, not fp8)), "both orders agree on this data: the check could not fail"
             cases.append((x, residual if add else None, weight, fp8, pairs))
 print(f"{len(cases)} cases: pairs_out == x_half_pairs(out, fp8)")
+for x, residual, weight, _, _ in cases[:4]:  # both orders at once (pairs_fp8 None): [T, 2, D / 2], plain then E4M3
+    out, both = torch.full_like(x, float("nan")), torch.full((*x.shape[:-1], 2, x.shape[-1] // 2), -1, dtype=torch.int32)
+    kernels.rms_norm(x, weight, out, pairs_out=both, pairs_fp8=None)
+    assert torch.equal(both[..., 0, :], x_half_pairs(out, False)) and torch.equal(both[..., 1, :], x_half_pairs(out, True))
+print("both orders: ok")
 for name, old, new in (
     ("fp8_groups_swapped", "(t & 1) * 4 + ((t >> 1) & 1)", "(t & 1) + ((t >> 1) & 1) * 4"),
     ("fp8_not_times_4", "half = half * 4", "half = half * 1"),
