@@ -120,6 +120,10 @@ def configs():
         yield f"gdn decode step fused conv split={split}", gdn_decode_step._recurrent_norm_kernel, fused_sig, {
             "HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 128 // split, "L2_EPS": 1e-6, "SPLIT": split, "BLOCK_DV": 128,
             "FUSED_CONV": True, "KW": 4, "BLOCK_KW": 4, "QK_WRITER": -1}
+    for split in (1, 4):  # the batch-1 graph's step writing out_proj's float16 pairs (`kernels/gemv_pairs.py`)
+        yield f"gdn decode step fused conv pairs split={split}", gdn_decode_step._recurrent_norm_kernel, fused_sig | {"pairs_ptr": "*i32"}, {
+            "HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 128 // split, "L2_EPS": 1e-6, "SPLIT": split, "BLOCK_DV": 128,
+            "FUSED_CONV": True, "KW": 4, "BLOCK_KW": 4, "QK_WRITER": -1, "PAIRS": True}
     yield "gdn decode", gdn_decode._gdn_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": "*bf16", "state_out_ptr": "*fp32", "q_scale": "fp32"}, {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 32, "EPS": 1e-6}
     for dtype, ieee in (("*bf16", False), ("*fp32", True)):
         yield f"paged split {dtype}", paged_decode._paged_split_kernel, {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "tables_ptr": "*i32", "lens_ptr": "*i32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "scale": "fp32", "MAX_BLOCKS": I32, "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BS": 16, "TOKENS_PER_SPLIT": 64, "BLOCK_T": 16, "BLOCK_G": 16, "BLOCK_D": 256, "IEEE": ieee}
@@ -136,6 +140,9 @@ def configs():
     norm_sig = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "z_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "residual_out_ptr": "*bf16", "steps_ptr": "*bf16", "n_rows": I32, "D": I32, "eps": "fp32", "z_heads": I32, "stride_zt": I32}
     for mode, steps in ((norms.PLAIN, 0), (norms.FUSED_ADD, 0), (norms.FUSED_ADD, 1), (norms.GATED, 0)):
         yield f"norm mode {mode} steps={steps}", norms._rms_norm_kernel, norm_sig, {"MODE": mode, "BF16": True, "BLOCK_D": 2048, "STEPS": steps, "ROWS": 1}
+    for mode, pairs in ((norms.PLAIN, 3), (norms.FUSED_ADD, 3), (norms.FUSED_ADD, 1), (norms.FUSED_ADD, 2)):  # float16 pairs for the GEMV
+        yield f"norm mode {mode} pairs={pairs}", norms._rms_norm_kernel, norm_sig | {"pairs_ptr": "*i32"}, {
+            "MODE": mode, "BF16": True, "BLOCK_D": 2048, "STEPS": 0, "ROWS": 1, "PAIRS": pairs}
     for rows in (8, 16, 32):  # the Gated DeltaNet output norm's 128-wide rows, several per program
         yield f"gated norm rows={rows}", norms._rms_norm_kernel, norm_sig, {"MODE": norms.GATED, "BF16": True, "BLOCK_D": 128, "STEPS": 0, "ROWS": rows}
     persistent_sig = {"x_ptr": "*bf16", "x_in_ptr": "*i32", "router_w_ptr": "*bf16", "logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32",

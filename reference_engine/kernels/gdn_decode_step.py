@@ -56,6 +56,7 @@ from reference_engine.kernels.launch import (
     staging_buffer,
     ticket_counters,
 )
+from reference_engine.kernels.norms import _store_pairs
 from reference_engine.ops.linear_attention import L2_EPS, check_gdn_decode_step
 from reference_engine.ops.registry import satisfies
 
@@ -119,14 +120,25 @@ def _conv_update_kernel(
 
 
 @triton.jit
-def _gated_norm_store(o, dv, v_ok, row, head, z_ptr, norm_w_ptr, out_ptr, stride_zb, stride_zc, stride_ob, stride_oc, eps, DV: tl.constexpr):
-    """out[row, head * DV + dv] = w * o * rsqrt(mean(o^2) + eps) * silu(z) for a whole head's o [BLOCK] (zero where masked)."""
+def _gated_norm_store(o, dv, v_ok, row, head, z_ptr, norm_w_ptr, out_ptr, stride_zb, stride_zc, stride_ob, stride_oc, eps, DV: tl.constexpr,
+                      pairs_ptr=None, HV: tl.constexpr = 1, PAIRS: tl.constexpr = False, BLOCK_DV: tl.constexpr = 2):
+    """out[row, head * DV + dv] = w * o * rsqrt(mean(o^2) + eps) * silu(z) for a whole head's o [BLOCK] (zero where masked).
+    PAIRS: the head's stored values again as the batch-1 GEMV's float16 pairs in both orders (`pairs_ptr` [B, 2, HV * DV / 2],
+    plain then E4M3; DV a multiple of 16 and out's columns contiguous, which the wrapper checks)."""
     inv_rms = tl.rsqrt(tl.sum(o * o, axis=0) / DV + eps)
     cols = head * DV + dv
     z = tl.load(z_ptr + row * stride_zb + cols * stride_zc, mask=v_ok, other=0.0).to(tl.float32)
     weight = tl.load(norm_w_ptr + dv, mask=v_ok, other=0.0).to(tl.float32)
     y = weight * (o * inv_rms) * (z * tl.sigmoid(z))
     tl.store(out_ptr + row * stride_ob + cols * stride_oc, y.to(out_ptr.dtype.element_ty), mask=v_ok)
+    if PAIRS:
+        tl.debug_barrier()  # this program's stores of the head are visible to all its threads
+        words = tl.arange(0, BLOCK_DV // 2)
+        word_ok = words < DV // 2
+        head_ptr = out_ptr + row * stride_ob + head * DV
+        dest = pairs_ptr + row * (HV * DV) + head * (DV // 2)
+        _store_pairs(head_ptr, dest, words, word_ok, False)
+        _store_pairs(head_ptr, dest + (HV * DV) // 2, words, word_ok, True)
 
 
 @triton.jit
@@ -139,7 +151,7 @@ def _recurrent_norm_kernel(
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, L2_EPS: tl.constexpr, SPLIT: tl.constexpr = 1, BLOCK_DV: tl.constexpr = 0,
     x_ptr=None, conv_w_ptr=None, conv_state_ptr=None, conv_counter_ptr=None, stride_xb=0, stride_xc=0, stride_cs=0, stride_cc=0, stride_ck=0,
     FUSED_CONV: tl.constexpr = False, KW: tl.constexpr = 4, BLOCK_KW: tl.constexpr = 4, QK_WRITER: tl.constexpr = -1,
-    STATE_FIRST: tl.constexpr = False,
+    STATE_FIRST: tl.constexpr = False, pairs_ptr=None, PAIRS: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -204,7 +216,7 @@ def _recurrent_norm_kernel(
     o = tl.sum(s * q[:, None], axis=0)  # [BV] float32, zero in masked columns
 
     if SPLIT == 1:
-        _gated_norm_store(o, dv, v_ok, row, head, z_ptr, norm_w_ptr, out_ptr, stride_zb, stride_zc, stride_ob, stride_oc, eps, DV)
+        _gated_norm_store(o, dv, v_ok, row, head, z_ptr, norm_w_ptr, out_ptr, stride_zb, stride_zc, stride_ob, stride_oc, eps, DV, pairs_ptr, HV, PAIRS, BLOCK_DV)
     else:  # the norm needs the whole head: o parts go to a float32 scratch, the last program of (row, head) finishes
         pair = row * HV + head
         tl.store(o_ptr + pair * DV + dv, o, mask=v_ok)
@@ -214,7 +226,8 @@ def _recurrent_norm_kernel(
             full = tl.arange(0, BLOCK_DV)
             full_ok = full < DV
             o_all = tl.load(o_ptr + pair * DV + full, mask=full_ok, other=0.0, cache_modifier=".cg")
-            _gated_norm_store(o_all, full, full_ok, row, head, z_ptr, norm_w_ptr, out_ptr, stride_zb, stride_zc, stride_ob, stride_oc, eps, DV)
+            _gated_norm_store(o_all, full, full_ok, row, head, z_ptr, norm_w_ptr, out_ptr, stride_zb, stride_zc, stride_ob, stride_oc, eps, DV,
+                              pairs_ptr, HV, PAIRS, BLOCK_DV)  # fmt: skip
             tl.store(counter_ptr + pair, 0)
 
 
@@ -234,13 +247,22 @@ def gdn_decode_step(
     has_initial_state: torch.Tensor,  # [B] bool (False: both states start at zero)
     out: torch.Tensor,  # [B, Hv * Dv] model dtype
     eps: float,
+    pairs_out: torch.Tensor | None = None,  # kernel only: int32 [B, 2, Hv * Dv / 2]
 ) -> None:
     """One Gated DeltaNet decode token per sequence (see the module docstring); two launches (one with `FUSED_CONV`, or up to
-    `FUSED_CONV_MAX_BATCH` sequences), capturable."""
+    `FUSED_CONV_MAX_BATCH` sequences), capturable. `pairs_out` (optional): out again as the batch-1 GEMV's float16 pairs in
+    both orders (plain, then E4M3: `gemv_pairs.pairs_buffer`), for out_proj (`kernels/gemv_pairs.py`); out must then be
+    contiguous bfloat16 with Dv a multiple of 16."""
     dims = check_gdn_decode_step(
         mixed_qkv, z, b, a, conv_weight, A_log, dt_bias, norm_weight, conv_state, recurrent_state, state_slots, has_initial_state, out, eps
     )
     require_launchable(mixed_qkv, z, b, a, conv_weight, A_log, dt_bias, norm_weight, conv_state, recurrent_state, state_slots, has_initial_state, out)
+    if pairs_out is not None:
+        expected = (dims.batch, 2, dims.num_v_heads * dims.v_head_dim // 2)
+        if out.dtype != torch.bfloat16 or not out.is_contiguous() or dims.v_head_dim % 16 or pairs_out.dtype != torch.int32 \
+                or tuple(pairs_out.shape) != expected or not pairs_out.is_contiguous() or pairs_out.device != out.device:
+            raise ValueError(f"pairs_out must be contiguous int32 {list(expected)} on {out.device} for a contiguous bfloat16 out with Dv a "
+                             f"multiple of 16, got {pairs_out.dtype} {list(pairs_out.shape)} for {out.dtype} {list(out.shape)} (Dv {dims.v_head_dim})")
     if dims.batch == 0:
         return
     init = has_initial_state.view(torch.uint8)  # same bytes, no copy
@@ -283,6 +305,6 @@ def gdn_decode_step(
         HK=dims.num_k_heads, HV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim,
         BLOCK_K=next_power_of_2(dims.k_head_dim), BLOCK_V=block_v, L2_EPS=L2_EPS,
         SPLIT=split, BLOCK_DV=next_power_of_2(dims.v_head_dim), num_warps=STEP_WARPS if split == 1 else SPLIT_WARPS, STATE_FIRST=STATE_FIRST,
-        **fused,
+        pairs_ptr=pairs_out if pairs_out is not None else buffer, PAIRS=pairs_out is not None, **fused,
     )  # fmt: skip
     finish(buffer, out)

@@ -24,7 +24,7 @@ import torch
 X_PAIRS = 0  # 0 off; 1 or 2: the GEMV's pair load form (`nvfp4_half_dot._half_rows_dot`), tuning key `gemv_x_pairs`
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared by identity (scopes nest: the mixer's input, then out_proj's)
 class PairsTwin:
     source: torch.Tensor  # bfloat16 [1, K]
     pairs: torch.Tensor  # int32 [1, 2, K / 2]: plain order, then the E4M3 order

@@ -10,36 +10,18 @@ first NVFP4 GEMV reads instead of converting h in every program (`kernels/gemv_p
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
+from reference_engine.model import gemv_pairs_scope
 from reference_engine.model.attention import GatedAttention
 from reference_engine.model.eager_ops import eager_backend, eager_op
 from reference_engine.model.gated_deltanet import GatedDeltaNet
 from reference_engine.model.moe_block import SparseMoeBlock
 from reference_engine.ops.norms import AddNorm
-
-
-def _mixer_pairs(ops, normed: torch.Tensor, norm_name: str) -> torch.Tensor | None:
-    """A buffer for the mixer input's float16 pairs (`kernels/gemv_pairs.py`) when the graph decode's norm and NVFP4
-    linears are the Triton kernels and the setting applies to this input (one bfloat16 token); else None."""
-    if ops is None or ops.backends.get(norm_name) != "triton" or ops.backends.get("w4a16_linear_rows") != "triton":
-        return None
-    from reference_engine.kernels import gemv_pairs
-
-    return gemv_pairs.pairs_buffer(normed) if gemv_pairs.applies(normed) else None
-
-
-def _pairs_given(normed: torch.Tensor, pairs: torch.Tensor | None) -> contextlib.AbstractContextManager:
-    if pairs is None:
-        return contextlib.nullcontext()
-    from reference_engine.kernels import gemv_pairs
-
-    return gemv_pairs.given(normed, pairs)
 
 
 @dataclass(frozen=True)
@@ -65,7 +47,7 @@ class DecoderLayer:
         norm = ops.rms_norm if ops is not None else eager_op("rms_norm", x)
         add_norm = ops.fused_add_rms_norm if ops is not None else eager_op("fused_add_rms_norm", x)
         normed = torch.empty_like(x)  # [T, H]
-        pairs = _mixer_pairs(ops, normed, "rms_norm" if residual is None else "fused_add_rms_norm")
+        pairs = gemv_pairs_scope.pairs_for(ops, normed, "rms_norm" if residual is None else "fused_add_rms_norm", "w4a16_linear_rows")
         pairs_kwargs = {} if pairs is None else {"pairs_out": pairs, "pairs_fp8": None}
         if residual is None:
             residual = x
@@ -74,7 +56,7 @@ class DecoderLayer:
             new_residual = torch.empty_like(x)  # [T, H]
             add_norm(x, residual, self.input_layernorm, out=normed, residual_out=new_residual, eps=self.eps, **pairs_kwargs)
             residual = new_residual
-        with _pairs_given(normed, pairs):  # the mixer's first NVFP4 GEMV reads the pairs
+        with gemv_pairs_scope.given(normed, pairs):  # the mixer's first NVFP4 GEMV (its stacked input projection) reads the pairs
             mixed = self.mixer(normed, batch, caches)  # [T, H]
         if prefetch is not None:
             prefetch.at(self.layer_index, "moe")

@@ -21,6 +21,7 @@ import torch
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
 from reference_engine.kernels import side_stream
+from reference_engine.model import gemv_pairs_scope
 from reference_engine.model.eager_ops import eager_backend, eager_op
 from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
@@ -98,12 +99,14 @@ class GatedDeltaNet:
             side = side if side_stream.ba_on_side(side, num_tokens) else None
             mixed, z_flat, b, a = self._projections(x, ops, side)  # [T, C], [T, Hv*Dv], [T, Hv], [T, Hv] (views)
             core = torch.empty_like(z_flat, memory_format=torch.contiguous_format)  # [B, Hv * Dv]
+            pairs = gemv_pairs_scope.pairs_for(ops, core, "gdn_decode_step", "w4a16_linear")  # batch 1: out_proj's x as float16 pairs
             ops.gdn_decode_step(
                 mixed, z_flat, b, a, self.conv_weight, self.A_log, self.dt_bias,
                 self.norm_weight, caches.conv_state[self.layer_index], caches.recurrent_state[self.layer_index],
-                batch.state_slots, batch.has_initial_state, out=core, eps=self.eps,
+                batch.state_slots, batch.has_initial_state, out=core, eps=self.eps, **({} if pairs is None else {"pairs_out": pairs}),
             )  # fmt: skip
-            return self.out_proj(core, ops)
+            with gemv_pairs_scope.given(core, pairs):
+                return self.out_proj(core, ops)
         mixed, z_flat, b, a = self._projections(x, ops)  # [T, C], [T, Hv * Dv], [T, Hv], [T, Hv] (views of two stacked outputs)
         z = z_flat.view(num_tokens, self.num_v_heads, self.v_head_dim)  # [T, Hv, Dv]
         valid = getattr(batch, "valid_tokens", None)  # a padded prefill (prefill_graphs.py): rows valid.. are padding

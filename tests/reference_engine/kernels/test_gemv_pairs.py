@@ -41,9 +41,74 @@ def test_applies_only_to_one_contiguous_bfloat16_token_of_whole_blocks(monkeypat
     assert not gemv_pairs.applies(torch.empty(1, 64, dtype=torch.bfloat16))
 
 
+# gdn_decode_step(pairs_out=): each head's gated-norm output again as float16 pairs in both orders, bit-equal to
+# `x_half_pairs(out)`, with out and both state pools the same bits as without; bfloat16, random data and states, one
+# and two rows, the split-head path and one program per head, the conv in the launch or not. A known-wrong variant
+# (the E4M3 half written in the plain order) must be caught, and a bad buffer refused.
+GDN_SCRIPT = r"""
+import torch
+import wrong_source
+import reference_engine.kernels.gdn_decode_step as step_module
+from reference_engine.kernels.nvfp4_half_dot import x_half_pairs
+
+HK, HV, DK, DV, K, POOL = 2, 4, 16, 32, 4, 5
+gen = torch.Generator().manual_seed(17)
+C = 2 * HK * DK + HV * DV
+
+
+def inputs(batch):
+    bf = lambda *shape, scale=1.0: (torch.randn(*shape, generator=gen) * scale).bfloat16()
+    return dict(mixed_qkv=bf(batch, C), z=bf(batch, HV * DV), b=bf(batch, HV, scale=2.0), a=bf(batch, HV, scale=2.0),
+                conv_weight=bf(C, K, scale=0.5), A_log=torch.rand(HV, generator=gen).mul(7).add(1).log(),
+                dt_bias=torch.rand(HV, generator=gen).mul(2).sub(1), norm_weight=(1 + 0.1 * torch.randn(DV, generator=gen)).bfloat16(),
+                conv_state=bf(POOL, C, K - 1), recurrent_state=torch.randn(POOL, HV, DK, DV, generator=gen) * 0.5,
+                state_slots=torch.tensor([3, 1][:batch]), has_initial_state=torch.tensor([True, False][:batch]))
+
+
+def run(module, case, pairs):
+    args = {name: value.clone() for name, value in case.items()}
+    out = torch.full((case["mixed_qkv"].shape[0], HV * DV), float("nan")).bfloat16()
+    pairs_out = torch.full((out.shape[0], 2, HV * DV // 2), -1, dtype=torch.int32) if pairs else None
+    module.gdn_decode_step(**args, out=out, eps=1e-6, **({} if pairs_out is None else {"pairs_out": pairs_out}))
+    return out, args["conv_state"], args["recurrent_state"], pairs_out
+
+
+checked = []
+for batch in (1, 2):
+    case = inputs(batch)
+    for split_below in (128, 0):
+        for fused_max in (0, 64):
+            step_module.STEP_SPLIT_BELOW, step_module.FUSED_CONV_MAX_BATCH = split_below, fused_max
+            plain = run(step_module, case, False)
+            out, conv, rec, pairs = run(step_module, case, True)
+            assert torch.isfinite(out.float()).all()
+            assert torch.equal(out, plain[0]) and torch.equal(conv, plain[1]) and torch.equal(rec, plain[2]), "pairs_out changed the step"
+            assert torch.equal(pairs[:, 0], x_half_pairs(out, False)) and torch.equal(pairs[:, 1], x_half_pairs(out, True)), (batch, split_below, fused_max)
+            checked.append((case, pairs))
+print(f"{len(checked)} settings: pairs_out == x_half_pairs(out) in both orders")
+wrong = wrong_source.wrong_module(step_module, "fp8_half_plain", "dest + (HV * DV) // 2, words, word_ok, True)", "dest + (HV * DV) // 2, words, word_ok, False)")
+wrong.STEP_SPLIT_BELOW, wrong.FUSED_CONV_MAX_BATCH = 128, 0
+assert not torch.equal(run(wrong, checked[0][0], True)[3], checked[0][1]), "the wrong order was not caught"
+print("wrong fp8_half_plain: caught")
+try:
+    step_module.gdn_decode_step(**inputs(1), out=torch.empty(1, HV * DV).bfloat16(), eps=1e-6, pairs_out=torch.empty(1, HV * DV // 2, dtype=torch.int32))
+    raise AssertionError("a one-order pairs_out accepted")
+except ValueError as error:
+    print(f"refused: {error}")
+print("ok")
+"""
+
+
+def test_gdn_step_writes_the_out_proj_pairs_under_the_interpreter():
+    output = run_script(GDN_SCRIPT, timeout=900)
+    print(output)
+    assert output.strip().endswith("ok"), output
+
+
 # The tiny model (bfloat16, NVFP4 linears), batch 1, static decode with the Triton norms and NVFP4 linears under the
 # interpreter (the batch-1 GEMV forced onto its packed-float16 kernel, both word orders): with the pairs on, every
-# layer's mixer GEMV reads them (one hit a layer a step), and the logits are the same bits as with the pairs off. A
+# layer's first mixer GEMV and every Gated DeltaNet out_proj read them, and the logits are the same bits as with the
+# pairs off. A
 # known-wrong hand-over (the other order's pairs) must change the logits.
 MODEL_SCRIPT = r"""
 import sys
@@ -52,12 +117,13 @@ sys.path.insert(0, TESTS_DIR)
 import torch
 import reference_engine.runner as runner
 from test_cuda_graphs import _decode_logits, _prompts
-from reference_engine.kernels import gemv_pairs, norms, nvfp4_gemv
+from reference_engine.kernels import gdn_decode_step, gemv_pairs, norms, nvfp4_gemv
 from reference_engine.presets import build_preset
 
 original = runner.select_ops
 KERNELS = {"rms_norm": norms.rms_norm, "fused_add_rms_norm": norms.fused_add_rms_norm,
-           "w4a16_linear": nvfp4_gemv.w4a16_linear, "w4a16_linear_rows": nvfp4_gemv.w4a16_linear_rows}
+           "w4a16_linear": nvfp4_gemv.w4a16_linear, "w4a16_linear_rows": nvfp4_gemv.w4a16_linear_rows,
+           "gdn_decode_step": gdn_decode_step.gdn_decode_step}
 
 
 def with_kernels(device, use_triton=True):
@@ -80,6 +146,7 @@ gemv_pairs.lookup = counted
 model = build_preset("tiny", quantize="nvfp4", seed=7, dtype=torch.bfloat16)
 prompts = _prompts(1, model.config.vocab_size, seed=13)
 layers = len(model.layers)
+readers = layers + sum(layer.mixer.__class__.__name__ == "GatedDeltaNet" for layer in model.layers)  # every mixer input, every GDN out_proj
 for words in (2, 3):
     nvfp4_gemv.WORDS = words
     results = {}
@@ -89,7 +156,7 @@ for words in (2, 3):
         tokens, logits, _ = _decode_logits(model, "static", prompts, steps=3, max_num_seqs=1)
         steps = len(logits)
         assert steps >= 2, steps
-        assert sum(hits) == (0 if setting == 0 else layers * steps), (words, setting, sum(hits), layers, steps)
+        assert sum(hits) == (0 if setting == 0 else readers * steps), (words, setting, sum(hits), readers, steps)
         assert all(torch.isfinite(step).all() for step in logits)
         results[setting] = (tokens, logits)
         print(f"words {words} pairs {setting}: {sum(hits)} GEMVs read the pairs over {steps} steps")
@@ -109,3 +176,48 @@ def test_static_decode_with_the_pairs_gives_the_same_logits_under_the_interprete
     output = run_script(header + MODEL_SCRIPT, timeout=900)
     print(output)
     assert output.strip().endswith("ok"), output
+
+
+def test_scopes_nest_and_leave_in_order(monkeypatch):
+    """The decoder's scope (the mixer input) holds while the GDN layer opens its own (out_proj's input) inside it."""
+    monkeypatch.setattr(gemv_pairs, "X_PAIRS", 1)
+    outer, inner = torch.randn(1, 64).bfloat16(), torch.randn(1, 32).bfloat16()
+    outer_pairs, inner_pairs = gemv_pairs.pairs_buffer(outer), gemv_pairs.pairs_buffer(inner)
+    with gemv_pairs.given(outer, outer_pairs):
+        with gemv_pairs.given(inner, inner_pairs):
+            assert gemv_pairs.lookup(inner, True).data_ptr() == inner_pairs[:, 1].data_ptr()
+            assert gemv_pairs.lookup(outer, False).data_ptr() == outer_pairs[:, 0].data_ptr()
+        assert gemv_pairs.lookup(inner, True) is None and gemv_pairs.lookup(outer, True) is not None
+    assert not gemv_pairs._ACTIVE
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gdn_step_pairs_on_cuda_at_the_real_heads():
+    """Hk 16, Hv 32, Dk = Dv = 128, one row (the split-head path with the conv in the launch, as the batch-1 graph
+    runs it): out and both pools the same bits with and without the pairs, the pairs bit-equal to `x_half_pairs(out)`."""
+    from reference_engine.kernels.gdn_decode_step import gdn_decode_step
+    from reference_engine.kernels.nvfp4_half_dot import x_half_pairs
+
+    hk, hv, dk, dv, k, pool = 16, 32, 128, 128, 4, 3
+    channels = 2 * hk * dk + hv * dv
+    g = torch.Generator(device="cuda").manual_seed(23)
+
+    def bf(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).bfloat16()
+
+    case = {"mixed_qkv": bf(1, channels), "z": bf(1, hv * dv), "b": bf(1, hv, scale=2.0), "a": bf(1, hv, scale=2.0), "conv_weight": bf(channels, k, scale=0.5),
+                "A_log": torch.rand(hv, generator=g, device="cuda").mul(7).add(1).log(), "dt_bias": torch.rand(hv, generator=g, device="cuda").mul(2).sub(1),
+                "norm_weight": (1 + 0.1 * torch.randn(dv, generator=g, device="cuda")).bfloat16(), "conv_state": bf(pool, channels, k - 1),
+                "recurrent_state": torch.randn(pool, hv, dk, dv, generator=g, device="cuda") * 0.5,
+                "state_slots": torch.tensor([1], device="cuda"), "has_initial_state": torch.tensor([True], device="cuda")}  # fmt: skip
+    results = []
+    for pairs in (None, torch.full((1, 2, hv * dv // 2), -1, dtype=torch.int32, device="cuda")):
+        args = {name: value.clone() for name, value in case.items()}
+        out = torch.full((1, hv * dv), float("nan"), device="cuda").bfloat16()
+        gdn_decode_step(**args, out=out, eps=1e-6, **({} if pairs is None else {"pairs_out": pairs}))
+        results.append((out, args["conv_state"], args["recurrent_state"], pairs))
+    (out, conv, rec, _), (out_p, conv_p, rec_p, pairs) = results
+    assert torch.isfinite(out.float()).all()
+    assert torch.equal(out, out_p) and torch.equal(conv, conv_p) and torch.equal(rec, rec_p)
+    assert torch.equal(pairs[:, 0], x_half_pairs(out_p, False)) and torch.equal(pairs[:, 1], x_half_pairs(out_p, True))
