@@ -128,6 +128,8 @@ def configs():
     for dtype, ieee in (("*bf16", False), ("*fp32", True)):
         yield f"paged split {dtype}", paged_decode._paged_split_kernel, {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "tables_ptr": "*i32", "lens_ptr": "*i32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "scale": "fp32", "MAX_BLOCKS": I32, "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BS": 16, "TOKENS_PER_SPLIT": 64, "BLOCK_T": 16, "BLOCK_G": 16, "BLOCK_D": 256, "IEEE": ieee}
     yield "paged combine", paged_decode._combine_kernel, {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "out_ptr": "*bf16", "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BLOCK_S": 64, "BLOCK_G": 16, "BLOCK_D": 256}
+    yield "paged combine gated pairs", paged_decode._combine_kernel, {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "out_ptr": "*bf16", "gate_ptr": "*bf16",
+        "stride_gate": I32, "SPLITS": I32, "pairs_ptr": "*i32"}, {"HQ": 16, "HKV": 2, "D": 256, "BLOCK_S": 64, "BLOCK_G": 16, "BLOCK_D": 256, "GATED": True, "PAIRS": True}  # fmt: skip
     conv_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "cu_ptr": "*i32", "state_ptr": "*bf16", "out_ptr": "*bf16", "slots_ptr": "*i64", "has_ptr": "*i1", "T": I32, "C": I32, "num_seqs": I32, "stride_xt": I32, "stride_ot": I32, "stride_sb": I32, "stride_sc": I32, "stride_sk": I32}
     for steps, pool in ((0, False), (1, False), (2, False), (6, False), (0, True), (6, True)):  # B = 1 (no search), 2, 3 or 4, up to 64; states in pools
         yield f"causal conv1d steps={steps} pool={pool}", causal_conv1d._conv_kernel, conv_sig, {"K": 4, "STEPS": steps, "BLOCK_T": causal_conv1d.BLOCK_T, "BLOCK_C": causal_conv1d.BLOCK_C, "LIBDEVICE_EXP": True, "POOL": pool}

@@ -3,14 +3,16 @@
 Every program of the packed-float16 GEMV (`nvfp4_half_dot._w4a16_gemv_half_kernel`) converts the same bfloat16 x into
 the block dot's float16 pairs: about 30% of a thread's instructions in the GDN in_proj tile (offline sm_90 SASS,
 benchmarks/NOTES.md, twenty-ninth session). With `X_PAIRS` 1 or 2 (tuning key `gemv_x_pairs`; the kernel's two load
-forms) the RMSNorm before a mixer writes its output once more in both pair orders (`norms.rms_norm(pairs_out=,
-pairs_fp8=None)`: plain and E4M3, 4 KB each at width 2048), and the mixer's first GEMV reads the pairs for its own order.
+forms) the kernels that write the batch-1 GEMVs' inputs write them once more in both pair orders (plain and E4M3, 4 KB
+each at width 2048): the RMSNorm before a mixer (`norms.rms_norm(pairs_out=, pairs_fp8=None)`) for its input
+projection, the Gated DeltaNet step (`gdn_decode_step(pairs_out=)`) for out_proj and the gated paged decode
+(`paged_decode_gated(pairs_out=)`) for o_proj. Each GEMV reads the pairs in its own order.
 
-The hand-over is scoped: `given(x, pairs)` holds for the duration of a `with` block (the decoder wraps the mixer call in
-it) and `lookup` answers only for a GEMV input at x's address with x's shape while x is alive and unmodified by torch (an
-in-place torch op bumps x's version counter; inference tensors, as in the engine's decode, keep none, so there the
-scope alone guards it: the mixers only read their input).
-Outside any block, or for another tensor, the GEMV converts x itself, as before.
+The hand-over is scoped: `given(x, pairs)` holds for the duration of a `with` block (the decoder wraps the mixer call
+in it, the mixers their output projection) and `lookup` answers only for a GEMV input at x's address with x's shape
+while x is unmodified by torch (an in-place torch op bumps x's version counter; inference tensors, as in the engine's
+decode, keep none, so there the scope alone guards it: the consumers only read x). Outside any block, or for another
+tensor, the GEMV converts x itself, as before.
 """
 
 from __future__ import annotations

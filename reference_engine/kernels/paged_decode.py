@@ -29,6 +29,7 @@ from reference_engine.kernels.launch import (
     require_launchable,
     staging_buffer,
 )
+from reference_engine.kernels.norms import _store_pairs
 from reference_engine.ops.attention import _check_like, _check_paged, _require
 from reference_engine.ops.registry import satisfies
 from reference_engine.ops.static_moe import capturing
@@ -88,7 +89,8 @@ def _paged_split_kernel(
 
 @triton.jit
 def _combine_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, gate_ptr, stride_gate, SPLITS, HQ: tl.constexpr, HKV: tl.constexpr,
-                    D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, GATED: tl.constexpr):
+                    D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, GATED: tl.constexpr,
+                    pairs_ptr=None, PAIRS: tl.constexpr = False):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     G = HQ // HKV
@@ -108,6 +110,13 @@ def _combine_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, gate_ptr, str
         gate = tl.load(gate_ptr + seq * stride_gate + head * (2 * D) + D + dims, mask=dims < D, other=0.0).to(tl.float32)
         total = total * tl.sigmoid(gate)
     tl.store(out_ptr + (seq * HQ + head) * D + dims, total.to(out_ptr.dtype.element_ty), mask=dims < D)
+    if PAIRS:  # the head again as the batch-1 GEMV's float16 pairs for o_proj, both orders ([B, 2, HQ * D / 2]; D % 16 == 0)
+        tl.debug_barrier()  # this program's stores of the head are visible to all its threads
+        words = tl.arange(0, BLOCK_D // 2)
+        word_ok = words < D // 2
+        dest = pairs_ptr + seq * (HQ * D) + head * (D // 2)
+        _store_pairs(out_ptr + (seq * HQ + head) * D, dest, words, word_ok, False)
+        _store_pairs(out_ptr + (seq * HQ + head) * D, dest + (HQ * D) // 2, words, word_ok, True)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -141,7 +150,7 @@ def _check_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale) -> Non
     _require(scale > 0, f"scale must be positive, got {scale}")
 
 
-def _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate) -> None:
+def _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate, pairs_out=None) -> None:
     """Split kernel then combine kernel (which applies sigmoid(gate) when `gate` is given); out [B, Hq, D] or [B, Hq * D]."""
     batch, query_heads, head_dim = query.shape
     _, block_size, kv_heads, _ = k_cache.shape
@@ -167,7 +176,7 @@ def _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate) -
     _combine_kernel[(batch, query_heads)](
         part_acc, part_m, part_l, target, query if gate is None else gate, 0 if gate is None else gate.stride(0), splits,
         HQ=query_heads, HKV=kv_heads, D=head_dim, BLOCK_S=next_power_of_2(splits), BLOCK_G=block_g, BLOCK_D=block_d,
-        GATED=gate is not None,
+        GATED=gate is not None, pairs_ptr=pairs_out if pairs_out is not None else target, PAIRS=pairs_out is not None,
     )
     if target is not buffer:
         buffer.copy_(target)
@@ -201,15 +210,23 @@ def paged_decode_gated(
     q_gate: torch.Tensor,  # [B, Hq * 2D] (rows may be strided): per head [query D | gate D]
     out: torch.Tensor,  # [B, Hq * D]
     scale: float,
+    pairs_out: torch.Tensor | None = None,  # kernel only: int32 [B, 2, Hq * D / 2]
 ) -> torch.Tensor:
     """paged_decode(query) * sigmoid(gate) in one split + one combine launch; the signature of
-    `ops.static_attention.paged_decode_gated`."""
+    `ops.static_attention.paged_decode_gated`. `pairs_out` (optional): out again as the batch-1 GEMV's float16 pairs in
+    both orders (plain, then E4M3: `gemv_pairs.pairs_buffer`), for o_proj (`kernels/gemv_pairs.py`); bfloat16, D % 16 == 0."""
     _check_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale)
     batch, heads, head_dim = query.shape
     _require(q_gate.dim() == 2 and tuple(q_gate.shape) == (batch, heads * 2 * head_dim) and q_gate.stride(1) == 1,
              f"q_gate must be [{batch}, {heads * 2 * head_dim}] with unit stride along features, got {tuple(q_gate.shape)}")  # fmt: skip
     _require(q_gate.dtype == query.dtype, f"q_gate must have the query's dtype {query.dtype}, got {q_gate.dtype}")
     _check_like("out", out, (batch, heads * head_dim), query.dtype, query.device)
-    require_launchable(query, k_cache, v_cache, block_tables, seq_lens, q_gate, out)
-    _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate=q_gate)
+    if pairs_out is not None:
+        expected = (batch, 2, heads * head_dim // 2)
+        _require(out.dtype == torch.bfloat16 and head_dim % 16 == 0 and pairs_out.dtype == torch.int32 and tuple(pairs_out.shape) == expected
+                 and pairs_out.is_contiguous() and pairs_out.device == out.device,
+                 f"pairs_out must be contiguous int32 {list(expected)} on {out.device} for a bfloat16 out with head_dim a multiple of 16, "
+                 f"got {pairs_out.dtype} {list(pairs_out.shape)} for {out.dtype} (head_dim {head_dim})")  # fmt: skip
+    require_launchable(query, k_cache, v_cache, block_tables, seq_lens, q_gate, out, *(() if pairs_out is None else (pairs_out,)))
+    _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate=q_gate, pairs_out=pairs_out)
     return out

@@ -14,6 +14,7 @@ import torch
 from reference_engine.cache.kv_write import write_kv
 from reference_engine.cache.tensors import ModelCaches
 from reference_engine.forward_batch import ForwardBatch
+from reference_engine.model import gemv_pairs_scope
 from reference_engine.model.eager_ops import eager_op, triton_allowed
 from reference_engine.model.linear import Linear
 from reference_engine.model.stacked_linear import StackedLinear
@@ -54,8 +55,11 @@ class GatedAttention:
         ops.attention_decode_prep(q_gate, key, value, self.q_norm, self.k_norm, batch.positions, k_cache, v_cache, batch.slot_mapping,
                                   query_out=query, eps=self.eps, rotary_dim=self.rotary_dim, theta=self.rope_theta)  # fmt: skip
         gated = torch.empty(num_tokens, heads * head_dim, dtype=x.dtype, device=x.device)  # [T, Hq * D]
-        ops.paged_decode_gated(query, k_cache, v_cache, batch.block_tables, batch.seq_lens, q_gate, out=gated, scale=head_dim**-0.5)
-        return self.o_proj(gated, ops)
+        pairs = gemv_pairs_scope.pairs_for(ops, gated, "paged_decode_gated", "w4a16_linear")  # batch 1: o_proj's x as float16 pairs
+        ops.paged_decode_gated(query, k_cache, v_cache, batch.block_tables, batch.seq_lens, q_gate, out=gated, scale=head_dim**-0.5,
+                               **({} if pairs is None else {"pairs_out": pairs}))  # fmt: skip
+        with gemv_pairs_scope.given(gated, pairs):
+            return self.o_proj(gated, ops)
 
     def _prefill_fused(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches) -> torch.Tensor:
         """Eager prefill with the Triton kernels (the GPU, or a forced backend): the stacked q/k/v GEMM, the decode

@@ -1,6 +1,6 @@
 """The model's side of `kernels/gemv_pairs.py`: a pairs buffer when a producer and the GEMV after it are Triton kernels.
 
-The producer (the norm before a mixer, the Gated DeltaNet step before out_proj) writes its bfloat16 output once more as
+The producer (the norm before a mixer, the Gated DeltaNet step before out_proj, the gated paged decode before o_proj) writes its bfloat16 output once more as
 the batch-1 GEMV's float16 pairs; the GEMV that reads that output inside `given` takes them instead of converting it.
 The kernels module is imported only when a graph decode's op set uses Triton kernels.
 """

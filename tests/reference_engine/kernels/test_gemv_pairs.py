@@ -105,10 +105,65 @@ def test_gdn_step_writes_the_out_proj_pairs_under_the_interpreter():
     assert output.strip().endswith("ok"), output
 
 
+# paged_decode_gated(pairs_out=): each head's gated output again as float16 pairs in both orders for o_proj, bit-equal
+# to `x_half_pairs(out)`, out unchanged; bfloat16, random query, cache and gate, one and two sequences of different
+# lengths. A known-wrong variant (the E4M3 half at the plain half's offset) must be caught, a bad buffer refused.
+PAGED_SCRIPT = r"""
+import torch
+import wrong_source
+import reference_engine.kernels.paged_decode as paged
+from reference_engine.kernels.nvfp4_half_dot import x_half_pairs
+
+HQ, HKV, D, BS, BLOCKS = 4, 2, 32, 16, 8
+gen = torch.Generator().manual_seed(29)
+bf = lambda *shape: torch.randn(*shape, generator=gen).bfloat16()
+
+
+def run(module, batch, pairs):
+    g = torch.Generator().manual_seed(31 + batch)
+    query = torch.randn(batch, HQ, D, generator=g).bfloat16()
+    k_cache, v_cache = torch.randn(BLOCKS, BS, HKV, D, generator=g).bfloat16(), torch.randn(BLOCKS, BS, HKV, D, generator=g).bfloat16()
+    tables = torch.tensor([[5, 2, 7], [1, 3, 0]][:batch], dtype=torch.int32)
+    lens = torch.tensor([37, 20][:batch], dtype=torch.int32)
+    q_gate = torch.randn(batch, HQ * 2 * D, generator=g).bfloat16()
+    out = torch.full((batch, HQ * D), float("nan")).bfloat16()
+    pairs_out = torch.full((batch, 2, HQ * D // 2), -1, dtype=torch.int32) if pairs else None
+    module.paged_decode_gated(query, k_cache, v_cache, tables, lens, q_gate, out, 0.125, **({} if pairs_out is None else {"pairs_out": pairs_out}))
+    return out, pairs_out
+
+
+cases = []
+for batch in (1, 2):
+    plain, _ = run(paged, batch, False)
+    out, pairs = run(paged, batch, True)
+    assert torch.isfinite(out.float()).all() and torch.equal(out, plain), "pairs_out changed out"
+    assert torch.equal(pairs[:, 0], x_half_pairs(out, False)) and torch.equal(pairs[:, 1], x_half_pairs(out, True)), batch
+    cases.append((batch, pairs))
+print("paged pairs == x_half_pairs(out) in both orders")
+wrong = wrong_source.wrong_module(paged, "fp8_at_plain", "dest + (HQ * D) // 2, words, word_ok, True)", "dest, words, word_ok, True)")
+assert not torch.equal(run(wrong, 1, True)[1], cases[0][1]), "the misplaced E4M3 half was not caught"
+print("wrong fp8_at_plain: caught")
+try:
+    paged.paged_decode_gated(torch.empty(1, HQ, D).bfloat16(), bf(BLOCKS, BS, HKV, D), bf(BLOCKS, BS, HKV, D), torch.zeros(1, 3, dtype=torch.int32),
+                             torch.tensor([5], dtype=torch.int32), bf(1, HQ * 2 * D), torch.empty(1, HQ * D).bfloat16(), 0.125,
+                             pairs_out=torch.empty(1, HQ * D // 2, dtype=torch.int32))
+    raise AssertionError("a one-order pairs_out accepted")
+except ValueError as error:
+    print(f"refused: {error}")
+print("ok")
+"""
+
+
+def test_paged_decode_writes_the_o_proj_pairs_under_the_interpreter():
+    output = run_script(PAGED_SCRIPT, timeout=900)
+    print(output)
+    assert output.strip().endswith("ok"), output
+
+
 # The tiny model (bfloat16, NVFP4 linears), batch 1, static decode with the Triton norms and NVFP4 linears under the
 # interpreter (the batch-1 GEMV forced onto its packed-float16 kernel, both word orders): with the pairs on, every
-# layer's first mixer GEMV and every Gated DeltaNet out_proj read them, and the logits are the same bits as with the
-# pairs off. A
+# layer's first mixer GEMV and every output projection (GDN out_proj, attention o_proj) read them, and the logits are
+# the same bits as with the pairs off. A
 # known-wrong hand-over (the other order's pairs) must change the logits.
 MODEL_SCRIPT = r"""
 import sys
@@ -117,13 +172,13 @@ sys.path.insert(0, TESTS_DIR)
 import torch
 import reference_engine.runner as runner
 from test_cuda_graphs import _decode_logits, _prompts
-from reference_engine.kernels import gdn_decode_step, gemv_pairs, norms, nvfp4_gemv
+from reference_engine.kernels import gdn_decode_step, gemv_pairs, norms, nvfp4_gemv, paged_decode
 from reference_engine.presets import build_preset
 
 original = runner.select_ops
 KERNELS = {"rms_norm": norms.rms_norm, "fused_add_rms_norm": norms.fused_add_rms_norm,
            "w4a16_linear": nvfp4_gemv.w4a16_linear, "w4a16_linear_rows": nvfp4_gemv.w4a16_linear_rows,
-           "gdn_decode_step": gdn_decode_step.gdn_decode_step}
+           "gdn_decode_step": gdn_decode_step.gdn_decode_step, "paged_decode_gated": paged_decode.paged_decode_gated}
 
 
 def with_kernels(device, use_triton=True):
@@ -146,7 +201,7 @@ gemv_pairs.lookup = counted
 model = build_preset("tiny", quantize="nvfp4", seed=7, dtype=torch.bfloat16)
 prompts = _prompts(1, model.config.vocab_size, seed=13)
 layers = len(model.layers)
-readers = layers + sum(layer.mixer.__class__.__name__ == "GatedDeltaNet" for layer in model.layers)  # every mixer input, every GDN out_proj
+readers = 2 * layers  # every mixer's input projection and its output projection (GDN out_proj, attention o_proj)
 for words in (2, 3):
     nvfp4_gemv.WORDS = words
     results = {}
@@ -220,4 +275,29 @@ def test_gdn_step_pairs_on_cuda_at_the_real_heads():
     (out, conv, rec, _), (out_p, conv_p, rec_p, pairs) = results
     assert torch.isfinite(out.float()).all()
     assert torch.equal(out, out_p) and torch.equal(conv, conv_p) and torch.equal(rec, rec_p)
+    assert torch.equal(pairs[:, 0], x_half_pairs(out_p, False)) and torch.equal(pairs[:, 1], x_half_pairs(out_p, True))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_paged_decode_pairs_on_cuda_at_the_real_heads():
+    """Hq 16 over Hkv 2 at head dim 256, one sequence of 300 tokens: out the same bits with and without the pairs, the
+    pairs bit-equal to `x_half_pairs(out)` in both orders."""
+    from reference_engine.kernels.nvfp4_half_dot import x_half_pairs
+    from reference_engine.kernels.paged_decode import paged_decode_gated
+
+    hq, hkv, d, bs, blocks = 16, 2, 256, 16, 32
+    g = torch.Generator(device="cuda").manual_seed(37)
+    query = torch.randn(1, hq, d, generator=g, device="cuda").bfloat16()
+    k_cache, v_cache = (torch.randn(blocks, bs, hkv, d, generator=g, device="cuda").bfloat16() for _ in range(2))
+    tables = torch.randperm(blocks, device="cuda")[:19].to(torch.int32)[None]
+    lens = torch.tensor([300], dtype=torch.int32, device="cuda")
+    q_gate = torch.randn(1, hq * 2 * d, generator=g, device="cuda").bfloat16()
+    results = []
+    for pairs in (None, torch.full((1, 2, hq * d // 2), -1, dtype=torch.int32, device="cuda")):
+        out = torch.full((1, hq * d), float("nan"), device="cuda").bfloat16()
+        paged_decode_gated(query, k_cache, v_cache, tables, lens, q_gate, out, d**-0.5, **({} if pairs is None else {"pairs_out": pairs}))
+        results.append((out, pairs))
+    (out, _), (out_p, pairs) = results
+    assert torch.isfinite(out.float()).all() and torch.equal(out, out_p)
     assert torch.equal(pairs[:, 0], x_half_pairs(out_p, False)) and torch.equal(pairs[:, 1], x_half_pairs(out_p, True))
