@@ -13,7 +13,6 @@ No speed is asserted.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -22,12 +21,11 @@ from pathlib import Path
 import torch
 
 from reference_engine.kernels import gemv_pairs, tuning
-from reference_engine.presets import build_preset
-from reference_engine.tokenizer import load_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from time_l2_prefetch import (
-    one_setting,  # the sibling script's engine run (graph replay time and last logits)
+from time_l2_prefetch import (  # the sibling script's common start and engine run (graph replay time, last logits)
+    interleaved_rounds,
+    setting_run,
 )
 
 MARGIN = 0.01  # a setting other than 0 is written only when faster than 0 by more than this fraction
@@ -36,30 +34,10 @@ SETTINGS = (0, 1, 2)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out")
-    parser.add_argument("--model", default="full", choices=("full", "tiny"))
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--tuning", default=None)
-    args = parser.parse_args()
+    args, model, tokenizer, prompt = setting_run(__doc__.splitlines()[0], rounds=2)
     device = torch.device("cuda")
-    model = build_preset(args.model, device=device, dtype=torch.bfloat16, seed=0, quantize="nvfp4")
-    tokenizer = load_tokenizer(args.model)
-    prompt = torch.randint(1, model.config.vocab_size, (64,), generator=torch.Generator().manual_seed(1)).tolist()
-    samples: dict[int, list[float]] = {setting: [] for setting in SETTINGS}
-    logits: dict[int, torch.Tensor] = {}
-    records = []
-    for round_index in range(args.rounds):
-        for setting in SETTINGS:
-
-            def configure(decoder, value=setting) -> None:  # after the engine installed the tuning file, before the capture
-                gemv_pairs.X_PAIRS = value
-
-            record, logits[setting] = one_setting(model, tokenizer, None, prompt, configure)
-            record |= {"setting": setting, "round": round_index}
-            records.append(record)
-            samples[setting].append(record["graph_replay_us"])
-            print(json.dumps(record), flush=True)
+    records, samples, logits = interleaved_rounds(model, tokenizer, prompt, args.rounds, SETTINGS,
+                                                  lambda setting: setattr(gemv_pairs, "X_PAIRS", setting))  # fmt: skip
     gemv_pairs.X_PAIRS = 0
     medians = {setting: statistics.median(values) for setting, values in samples.items()}
     best = min(SETTINGS, key=lambda setting: medians[setting])

@@ -56,18 +56,39 @@ def one_setting(model, tokenizer, point: str | None, prompt: list[int], configur
     return record, logits
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def setting_run(description: str, rounds: int) -> tuple[argparse.Namespace, object, object, list[int]]:
+    """The graph-setting scripts' common start: (arguments OUT, --model, --rounds, --tuning; the model built once with
+    seeded random weights, NVFP4 linears and bfloat16 activations on CUDA; its tokenizer; the fixed 64-token prompt)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("out")
     parser.add_argument("--model", default="full", choices=("full", "tiny"))
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--tuning", default=None)
     args = parser.parse_args()
+    model = build_preset(args.model, device=torch.device("cuda"), dtype=torch.bfloat16, seed=0, quantize="nvfp4")
+    prompt = torch.randint(1, model.config.vocab_size, (64,), generator=torch.Generator().manual_seed(1)).tolist()
+    return args, model, load_tokenizer(args.model), prompt
+
+
+def interleaved_rounds(model, tokenizer, prompt: list[int], rounds: int, settings: tuple, apply) -> tuple[list[dict], dict, dict]:
+    """Each round runs `one_setting` for every setting in turn, `apply(setting)` called before the engine's capture:
+    (records, graph replay us per setting, last logits per setting from the last round). Prints each record."""
+    samples: dict = {setting: [] for setting in settings}
+    logits: dict = {}
+    records = []
+    for round_index in range(rounds):
+        for setting in settings:
+            record, logits[setting] = one_setting(model, tokenizer, None, prompt, lambda decoder, value=setting: apply(value))
+            record |= {"setting": setting, "round": round_index}
+            records.append(record)
+            samples[setting].append(record["graph_replay_us"])
+            print(json.dumps(record), flush=True)
+    return records, samples, logits
+
+
+def main() -> int:
+    args, model, tokenizer, prompt = setting_run(__doc__.splitlines()[0], rounds=2)
     device = torch.device("cuda")
-    model = build_preset(args.model, device=device, dtype=torch.bfloat16, seed=0, quantize="nvfp4")
-    tokenizer = load_tokenizer(args.model)
-    generator = torch.Generator().manual_seed(1)
-    prompt = torch.randint(1, model.config.vocab_size, (64,), generator=generator).tolist()
     records, reference, mismatches = [], None, []
     for round_index in range(args.rounds):
         for point in SETTINGS:

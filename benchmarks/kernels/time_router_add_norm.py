@@ -14,7 +14,6 @@ the rounds), else 0. No speed is asserted.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -23,12 +22,11 @@ from pathlib import Path
 import torch
 
 from reference_engine.kernels import router, tuning
-from reference_engine.presets import build_preset
-from reference_engine.tokenizer import load_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from time_l2_prefetch import (
-    one_setting,  # the sibling script's engine run (graph replay time and last logits)
+from time_l2_prefetch import (  # the sibling script's common start and engine run (graph replay time, last logits)
+    interleaved_rounds,
+    setting_run,
 )
 
 MARGIN = 0.01  # "on" is written only when faster than "off" by more than this fraction
@@ -36,30 +34,10 @@ KEY = "router_add_norm"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out")
-    parser.add_argument("--model", default="full", choices=("full", "tiny"))
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tuning", default=None)
-    args = parser.parse_args()
+    args, model, tokenizer, prompt = setting_run(__doc__.splitlines()[0], rounds=3)
     device = torch.device("cuda")
-    model = build_preset(args.model, device=device, dtype=torch.bfloat16, seed=0, quantize="nvfp4")
-    tokenizer = load_tokenizer(args.model)
-    prompt = torch.randint(1, model.config.vocab_size, (64,), generator=torch.Generator().manual_seed(1)).tolist()
-    samples: dict[str, list[float]] = {"off": [], "on": []}
-    logits: dict[str, torch.Tensor] = {}
-    records = []
-    for round_index in range(args.rounds):
-        for setting in ("off", "on"):
-
-            def configure(decoder, on=setting == "on") -> None:  # after the engine installed the tuning file, before the capture
-                router.ADD_NORM = on
-
-            record, logits[setting] = one_setting(model, tokenizer, None, prompt, configure)
-            record |= {"setting": setting, "round": round_index}
-            records.append(record)
-            samples[setting].append(record["graph_replay_us"])
-            print(json.dumps(record), flush=True)
+    records, samples, logits = interleaved_rounds(model, tokenizer, prompt, args.rounds, ("off", "on"),
+                                                  lambda setting: setattr(router, "ADD_NORM", setting == "on"))  # fmt: skip
     router.ADD_NORM = False
     off, on = statistics.median(samples["off"]), statistics.median(samples["on"])
     summary = {"off_us": off, "on_us": on, "on_over_off": on / off, "samples_us": samples,

@@ -9,6 +9,13 @@ from kernel_interpreter import REPO, run_script
 from reference_engine.kernels import gemv_pairs
 
 
+def _script_ok(source: str) -> None:
+    """Run `source` under the interpreter; its last line must be "ok"."""
+    output = run_script(source, timeout=900)
+    print(output)
+    assert output.strip().endswith("ok"), output
+
+
 def test_lookup_answers_only_inside_the_block_for_the_same_unmodified_tensor(monkeypatch):
     monkeypatch.setattr(gemv_pairs, "X_PAIRS", 1)
     x = torch.randn(1, 64).bfloat16()
@@ -100,9 +107,7 @@ print("ok")
 
 
 def test_gdn_step_writes_the_out_proj_pairs_under_the_interpreter():
-    output = run_script(GDN_SCRIPT, timeout=900)
-    print(output)
-    assert output.strip().endswith("ok"), output
+    _script_ok(GDN_SCRIPT)
 
 
 # paged_decode_gated(pairs_out=): each head's gated output again as float16 pairs in both orders for o_proj, bit-equal
@@ -155,9 +160,7 @@ print("ok")
 
 
 def test_paged_decode_writes_the_o_proj_pairs_under_the_interpreter():
-    output = run_script(PAGED_SCRIPT, timeout=900)
-    print(output)
-    assert output.strip().endswith("ok"), output
+    _script_ok(PAGED_SCRIPT)
 
 
 # The tiny model (bfloat16, NVFP4 linears), batch 1, static decode with the Triton norms and NVFP4 linears under the
@@ -227,10 +230,7 @@ print("ok")
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["pairs", "wrong_order"])
 def test_static_decode_with_the_pairs_gives_the_same_logits_under_the_interpreter(wrong):
-    header = f"TESTS_DIR = {str(REPO / 'tests' / 'reference_engine')!r}\nWRONG = {wrong!r}\n"
-    output = run_script(header + MODEL_SCRIPT, timeout=900)
-    print(output)
-    assert output.strip().endswith("ok"), output
+    _script_ok(f"TESTS_DIR = {str(REPO / 'tests' / 'reference_engine')!r}\nWRONG = {wrong!r}\n" + MODEL_SCRIPT)
 
 
 def test_scopes_nest_and_leave_in_order(monkeypatch):
