@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from reference_engine.kernels import gemv_pairs
 from reference_engine.kernels.launch import (
     cdiv,
     finish,
@@ -258,11 +259,7 @@ def gdn_decode_step(
     )
     require_launchable(mixed_qkv, z, b, a, conv_weight, A_log, dt_bias, norm_weight, conv_state, recurrent_state, state_slots, has_initial_state, out)
     if pairs_out is not None:
-        expected = (dims.batch, 2, dims.num_v_heads * dims.v_head_dim // 2)
-        if out.dtype != torch.bfloat16 or not out.is_contiguous() or dims.v_head_dim % 16 or pairs_out.dtype != torch.int32 \
-                or tuple(pairs_out.shape) != expected or not pairs_out.is_contiguous() or pairs_out.device != out.device:
-            raise ValueError(f"pairs_out must be contiguous int32 {list(expected)} on {out.device} for a contiguous bfloat16 out with Dv a "
-                             f"multiple of 16, got {pairs_out.dtype} {list(pairs_out.shape)} for {out.dtype} {list(out.shape)} (Dv {dims.v_head_dim})")
+        gemv_pairs.check_pairs_out(pairs_out, out, dims.v_head_dim)
     if dims.batch == 0:
         return
     init = has_initial_state.view(torch.uint8)  # same bytes, no copy

@@ -41,6 +41,18 @@ def pairs_buffer(x: torch.Tensor) -> torch.Tensor:
     return torch.empty((*x.shape[:-1], 2, x.shape[-1] // 2), dtype=torch.int32, device=x.device)
 
 
+def check_pairs_out(pairs_out: torch.Tensor, out: torch.Tensor, block_width: int, both: bool = True) -> None:
+    """ValueError unless `pairs_out` is contiguous int32 [..., 2, K / 2] (both orders; [..., K / 2] for one) on out's
+    device, `out` [..., K] is contiguous bfloat16, and the columns one producer program writes (`block_width`: a row, a
+    head) hold whole 16-element blocks."""
+    expected = (*out.shape[:-1], *((2,) if both else ()), out.shape[-1] // 2)
+    if out.dtype != torch.bfloat16 or not out.is_contiguous() or block_width % 16 or pairs_out.dtype != torch.int32 \
+            or tuple(pairs_out.shape) != expected or not pairs_out.is_contiguous() or pairs_out.device != out.device:
+        raise ValueError(f"pairs_out must be contiguous int32 {list(expected)} on {out.device} for a contiguous bfloat16 out whose "
+                         f"{block_width}-column blocks are multiples of 16, got {pairs_out.dtype} {list(pairs_out.shape)} on "
+                         f"{pairs_out.device} for {out.dtype} {list(out.shape)} (contiguous: {out.is_contiguous()})")  # fmt: skip
+
+
 def applies(x: torch.Tensor) -> bool:
     """Whether pairs would be used for x: the setting is on and x is one contiguous bfloat16 token of whole blocks."""
     return bool(X_PAIRS) and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.bfloat16 and x.shape[1] % 16 == 0 and x.is_contiguous()
@@ -53,8 +65,7 @@ def _version(tensor: torch.Tensor) -> int | None:
 @contextlib.contextmanager
 def given(source: torch.Tensor, pairs: torch.Tensor) -> Iterator[None]:
     """Within the block, a GEMV whose input is `source` reads `pairs` (written by the producer of `source`)."""
-    if pairs.dtype != torch.int32 or tuple(pairs.shape) != (*source.shape[:-1], 2, source.shape[-1] // 2) or not pairs.is_contiguous():
-        raise ValueError(f"pairs must be contiguous int32 {[*source.shape[:-1], 2, source.shape[-1] // 2]}, got {pairs.dtype} {list(pairs.shape)}")
+    check_pairs_out(pairs, source, source.shape[-1])
     twin = PairsTwin(source, pairs, _version(source))
     _ACTIVE.append(twin)
     try:

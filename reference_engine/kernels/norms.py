@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from reference_engine.kernels import gemv_pairs
 from reference_engine.kernels.launch import (
     finish,
     next_power_of_2,
@@ -178,22 +179,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: floa
     `pairs_fp8` None, int32 [..., 2, D / 2] with both orders (plain, then E4M3: `gemv_pairs.pairs_buffer`)."""
     _check_norm_inputs(x, weight, eps)
     _check_same("out", out, x, "x")
-    _check_pairs_out(pairs_out, out, pairs_fp8)
+    if pairs_out is not None:
+        gemv_pairs.check_pairs_out(pairs_out, out, out.shape[-1], both=pairs_fp8 is None)
     require_launchable(x, weight, out, *(() if pairs_out is None else (pairs_out,)))
     _launch(PLAIN, x, weight, out, eps, pairs_out=pairs_out, pairs_fp8=pairs_fp8)
     return out
-
-
-def _check_pairs_out(pairs_out: torch.Tensor | None, out: torch.Tensor, pairs_fp8: bool | None) -> None:
-    """`pairs_out` must be contiguous int32 [..., D / 2] ([..., 2, D / 2] for both orders, `pairs_fp8` None) for a
-    bfloat16 `out` [..., D] with D a multiple of 16."""
-    if pairs_out is None:
-        return
-    expected = (*out.shape[:-1], *(() if pairs_fp8 is not None else (2,)), out.shape[-1] // 2)
-    if out.dtype != torch.bfloat16 or out.shape[-1] % 16 or pairs_out.dtype != torch.int32 or tuple(pairs_out.shape) != expected \
-            or not pairs_out.is_contiguous() or pairs_out.device != out.device:
-        raise ValueError(f"pairs_out must be contiguous int32 {list(expected)} on {out.device} for a bfloat16 out with a multiple of 16 "
-                         f"columns, got {pairs_out.dtype} {list(pairs_out.shape)} on {pairs_out.device} for {out.dtype} {list(out.shape)}")
 
 
 @satisfies("norms-and-activations/gated-rmsnorm", major=1, devices=("cuda",), backend="triton")
@@ -234,7 +224,8 @@ def fused_add_rms_norm(
         if not steps_out.is_contiguous() or x.shape[-1] % 128:
             raise ValueError(f"steps_out must be contiguous with a last dim that is a multiple of 128, got shape {list(steps_out.shape)} "
                              f"(contiguous: {steps_out.is_contiguous()})")  # fmt: skip
-    _check_pairs_out(pairs_out, out, pairs_fp8)
+    if pairs_out is not None:
+        gemv_pairs.check_pairs_out(pairs_out, out, out.shape[-1], both=pairs_fp8 is None)
     extra = tuple(buffer for buffer in (steps_out, pairs_out) if buffer is not None)
     require_launchable(x, residual, weight, out, residual_out, *extra)
     _launch(FUSED_ADD, x, weight, out, eps, residual=residual, residual_out=residual_out, steps_out=steps_out, pairs_out=pairs_out,

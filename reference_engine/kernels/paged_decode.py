@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from reference_engine.kernels import gemv_pairs
 from reference_engine.kernels.launch import (
     cdiv,
     finish,
@@ -214,7 +215,7 @@ def paged_decode_gated(
 ) -> torch.Tensor:
     """paged_decode(query) * sigmoid(gate) in one split + one combine launch; the signature of
     `ops.static_attention.paged_decode_gated`. `pairs_out` (optional): out again as the batch-1 GEMV's float16 pairs in
-    both orders (plain, then E4M3: `gemv_pairs.pairs_buffer`), for o_proj (`kernels/gemv_pairs.py`); bfloat16, D % 16 == 0."""
+    both orders (plain, then E4M3: `gemv_pairs.pairs_buffer`), for o_proj (`kernels/gemv_pairs.py`); out contiguous bfloat16, D % 16 == 0."""
     _check_inputs(query, k_cache, v_cache, block_tables, seq_lens, scale)
     batch, heads, head_dim = query.shape
     _require(q_gate.dim() == 2 and tuple(q_gate.shape) == (batch, heads * 2 * head_dim) and q_gate.stride(1) == 1,
@@ -222,11 +223,7 @@ def paged_decode_gated(
     _require(q_gate.dtype == query.dtype, f"q_gate must have the query's dtype {query.dtype}, got {q_gate.dtype}")
     _check_like("out", out, (batch, heads * head_dim), query.dtype, query.device)
     if pairs_out is not None:
-        expected = (batch, 2, heads * head_dim // 2)
-        _require(out.dtype == torch.bfloat16 and head_dim % 16 == 0 and pairs_out.dtype == torch.int32 and tuple(pairs_out.shape) == expected
-                 and pairs_out.is_contiguous() and pairs_out.device == out.device,
-                 f"pairs_out must be contiguous int32 {list(expected)} on {out.device} for a bfloat16 out with head_dim a multiple of 16, "
-                 f"got {pairs_out.dtype} {list(pairs_out.shape)} for {out.dtype} (head_dim {head_dim})")  # fmt: skip
+        gemv_pairs.check_pairs_out(pairs_out, out, head_dim)
     require_launchable(query, k_cache, v_cache, block_tables, seq_lens, q_gate, out, *(() if pairs_out is None else (pairs_out,)))
     _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate=q_gate, pairs_out=pairs_out)
     return out

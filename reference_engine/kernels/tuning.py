@@ -22,7 +22,8 @@ decode head, `gdn_step_fused_conv` 1 the step in one launch (the conv inside the
 `gdn_step_state_first` 1 its recurrent launch issuing the state tile's load first (`benchmarks/kernels/time_gdn_state_first.py`).
 `gdn_ba_side_max_batch` runs the GDN b/a projection on a side stream up to that decode batch (`kernels/side_stream.py`). `gemv_words` sets the word reads
 for shapes without an entry; `gemv_tiled` 1 keeps tile-major copies of the batch-1 GEMVs' weights (`benchmarks/kernels/time_gemv_tiled.py`), `gemv_x_pairs` 1 or 2
-the norm before each mixer writing x as float16 pairs for the mixer's first batch-1 GEMV (`kernels/gemv_pairs.py`; 0 off), `gemm_tiled` 1 tile-major copies for
+the kernels before the batch-1 GEMVs (the norm before each mixer, the GDN step, the paged decode) writing x as float16 pairs
+for them (`kernels/gemv_pairs.py`, `benchmarks/kernels/time_gemv_x_pairs.py`; 0 off), `gemm_tiled` 1 tile-major copies for
 the decode-batch GEMM's tiles (`benchmarks/kernels/time_gemm_tiled.py`); `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
@@ -192,7 +193,7 @@ class TuningFile(BaseModel):
     router_warps: Literal[1, 2, 4, 8] | None = None  # fused router: warps per program
     moe_expert_prefetch: int | None = Field(default=None, ge=0, le=1)  # fused router: bulk L2 prefetch of the selected experts
     router_add_norm: int | None = Field(default=None, ge=0, le=1)  # fused router: the norm before the MoE block in the same launch
-    gemv_x_pairs: int | None = Field(default=None, ge=0, le=2)  # batch-1 GEMV after a norm: x as float16 pairs (0 off; 1, 2 load forms)
+    gemv_x_pairs: int | None = Field(default=None, ge=0, le=2)  # batch-1 GEMVs: x as float16 pairs from its producer (0 off; 1, 2 load forms)
     sampling_fused_select: int | None = Field(default=None, ge=0, le=1)  # sampling's top-k selection path in two Triton launches
     gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
     gemm_prefetch_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: next K step's x and scales loaded ahead

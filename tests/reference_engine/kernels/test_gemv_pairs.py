@@ -33,7 +33,7 @@ def test_lookup_answers_only_inside_the_block_for_the_same_unmodified_tensor(mon
         x.add_(1)  # x changed by torch after its producer wrote the pairs: they no longer describe it
         assert gemv_pairs.lookup(x, False) is None
     assert gemv_pairs.lookup(x, False) is None and not gemv_pairs._ACTIVE
-    with pytest.raises(ValueError, match="pairs must be contiguous int32"), gemv_pairs.given(x, pairs[:, 0]):
+    with pytest.raises(ValueError, match="pairs_out must be contiguous int32"), gemv_pairs.given(x, pairs[:, 0]):
         pass
     assert not gemv_pairs._ACTIVE
 
