@@ -48,7 +48,7 @@ from reference_engine.kernels.launch import (
 )
 from reference_engine.kernels.norms import _round_to_bf16
 from reference_engine.kernels.nvfp4_gemv import _decode_e2m1, _e2m1_word_pair
-from reference_engine.kernels.nvfp4_half_dot import _half_rows_dot
+from reference_engine.kernels.nvfp4_half_dot import _half_rows_dot, _store_rows_half_pairs
 from reference_engine.kernels.router import (
     router_gemv_topk_with_shared,
     router_topk_with_shared,
@@ -102,17 +102,19 @@ def _nvfp4_rows_dot_words(words_ptr, scale_ptr, row, row_ok, x_ptr, K_WORDS, wor
 
 
 @triton.jit
-def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, BN: tl.constexpr, BLOCK_KB: tl.constexpr, DECODE: tl.constexpr = 0):
+def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, BN: tl.constexpr, BLOCK_KB: tl.constexpr, DECODE: tl.constexpr = 0,
+                    X_PAIRS: tl.constexpr = 0):
     """Same over packed rows `row` [BN] (int64 row index of a [rows, K/2] code matrix); result times
     2^-14 / weight_scale_2 (the caller multiplies by the tensor scale and 2^14). DECODE 0: bytes, nibbles
     split per byte; 1 / 2: `packed_ptr` is the int32 view of the codes, two codes decoded per shift and
     mask (`nvfp4_gemv._e2m1_word_pair`; 2 in PTX on the GPU, 1 the integer form for the interpreter); 3 / 4:
     `packed_ptr` is the int64 view (one scale block each) and `x_ptr` an int32 view of bfloat16 x, products in
     packed float16 pairs (`nvfp4_half_dot`; 3 in PTX, 4 the interpreter form); 5 / 6: the same with the codes
-    widened through E4M3 (`nvfp4_half_dot`'s FP8 decode; 5 in PTX, 6 the interpreter form)."""
+    widened through E4M3 (`nvfp4_half_dot`'s FP8 decode; 5 in PTX, 6 the interpreter form). X_PAIRS 1 or 2 (DECODE 3 to
+    6): `x_ptr` holds x already as the block dot's float16 pairs for that decode (`_half_rows_dot`'s two load forms)."""
     if DECODE >= 3:
         part = _half_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES // 8, byte0 // 8, BN, BLOCK_KB // 8, DECODE == 3 or DECODE == 5,
-                              DECODE >= 5)  # fmt: skip
+                              DECODE >= 5, 0, False, X_PAIRS)  # fmt: skip
         return tl.sum(part, axis=1) * (1.0 / 1024.0)  # the half path's codes are E2M1 * 2^-4; callers scale E2M1 * 2^-14
     if DECODE > 0:
         return _nvfp4_rows_dot_words(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES // 4, byte0 // 4, BN, BLOCK_KB // 4, DECODE == 2)
@@ -168,9 +170,10 @@ def _gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
+    ACT_PAIRS: tl.constexpr = False,
 ):
     _gate_up_program(tl.program_id(0), tl.program_id(1), x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H, I, TOP_K, WEIGHT_NVFP4, BLOCK_N,
-                     BLOCK_K, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED, LOOP, DECODE)  # fmt: skip
+                     BLOCK_K, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED, LOOP, DECODE, False, ACT_PAIRS)  # fmt: skip
 
 
 @triton.jit
@@ -178,10 +181,13 @@ def _gate_up_program(
     pair, row_block, x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED: tl.constexpr, LOOP: tl.constexpr, DECODE: tl.constexpr,
-    ROUND_BF16: tl.constexpr = False,
+    ROUND_BF16: tl.constexpr = False, ACT_PAIRS: tl.constexpr = False,
 ):
     """act[pair, rows] = silu(gate) * up for the pair p = t * SLOTS + j and gate rows row_block * BLOCK_N.. (module
-    docstring, launch 1). ROUND_BF16: round the activation to bfloat16 in float32 first (the interpreter's store truncates)."""
+    docstring, launch 1). ROUND_BF16: round the activation to bfloat16 in float32 first (the interpreter's store truncates).
+    ACT_PAIRS (DECODE 3 to 6, BLOCK_N a multiple of 8): store it as the down kernel's float16 pairs instead, int32
+    act[pair, rows / 2] in the order of this decode (`nvfp4_half_dot._store_rows_half_pairs`: the bfloat16 rounding, then
+    the conversion every down program would repeat)."""
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K  # slots per token; with SHARED the last one is the shared expert
     rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N)  # gate rows; up rows are I + rows
     row_ok = rows < I
@@ -208,14 +214,17 @@ def _gate_up_program(
             gate += _dense_rows_dot(w_ptr, gate_row * H, row_ok, x_row, H, k0, BLOCK_K)
             up += _dense_rows_dot(w_ptr, up_row * H, row_ok, x_row, H, k0, BLOCK_K)
     act = gate * tl.sigmoid(gate) * up
-    if ROUND_BF16:
-        act = _round_to_bf16(act)
-    tl.store(act_ptr + pair.to(tl.int64) * I + rows, act.to(act_ptr.dtype.element_ty), mask=row_ok)
+    if ACT_PAIRS:
+        _store_rows_half_pairs(act_ptr + pair.to(tl.int64) * (I // 2), row_block, act, True, I, BLOCK_N, DECODE == 3 or DECODE == 5, DECODE >= 5)
+    else:
+        if ROUND_BF16:
+            act = _round_to_bf16(act)
+        tl.store(act_ptr + pair.to(tl.int64) * I + rows, act.to(act_ptr.dtype.element_ty), mask=row_ok)
 
 
 @triton.jit
 def _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, pair, rows, row_ok, H: tl.constexpr, I: tl.constexpr,
-               WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr, DECODE: tl.constexpr = 0):
+               WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr, DECODE: tl.constexpr = 0, X_PAIRS: tl.constexpr = 0):
     """weight * (down_e rows @ act) [BH] float32 for one (token, slot) pair of a routed expert."""
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     weight = tl.load(weights_ptr + pair)
@@ -227,7 +236,7 @@ def _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, pai
     partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
     if WEIGHT_NVFP4:
         for byte0 in tl.static_range(0, I // 2, BLOCK_I):
-            partial += _nvfp4_rows_dot(w_ptr, scale_ptr, down_row, row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I, DECODE)
+            partial += _nvfp4_rows_dot(w_ptr, scale_ptr, down_row, row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I, DECODE, X_PAIRS)
         partial *= tl.load(scale_2_ptr + expert) * 16384.0
     else:
         for i0 in tl.static_range(0, I, BLOCK_I):
@@ -237,7 +246,7 @@ def _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, pai
 
 @triton.jit
 def _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, pair, rows, row_ok, H: tl.constexpr, I: tl.constexpr,
-                 BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr, DECODE: tl.constexpr):
+                 BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr, DECODE: tl.constexpr, X_PAIRS: tl.constexpr = 0):
     """sigmoid(gate logit) * (shared down rows @ act) [BH] float32 for the shared expert's slot `pair`."""
     if DECODE >= 3:
         act_row = act_ptr + pair.to(tl.int64) * (I // 2)
@@ -245,7 +254,7 @@ def _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_sc
         act_row = act_ptr + pair.to(tl.int64) * I
     partial = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for byte0 in range(0, I // 2, BLOCK_I):
-        partial += _nvfp4_rows_dot(shared_w_ptr, shared_scale_ptr, rows.to(tl.int64), row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I, DECODE)
+        partial += _nvfp4_rows_dot(shared_w_ptr, shared_scale_ptr, rows.to(tl.int64), row_ok, act_row, I // 2, byte0, BLOCK_H, BLOCK_I, DECODE, X_PAIRS)
     return tl.load(weights_ptr + pair) * (partial * (tl.load(shared_scale_2_ptr) * 16384.0))
 
 
@@ -254,7 +263,7 @@ def _down_kernel(
     act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, out_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
     shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
-    SPLIT: tl.constexpr = 1, workspace_ptr=None, counter_ptr=None,
+    SPLIT: tl.constexpr = 1, workspace_ptr=None, counter_ptr=None, X_PAIRS: tl.constexpr = 0,
 ):
     """Grid (T, cdiv(H, BLOCK_H)[, SPLIT]). With SPLIT > 1 the token's slots are dealt over SPLIT programs (slot j
     to part j % SPLIT, the shared slot counting as slot TOP_K); each stores its float32 sum over its slots, in slot
@@ -270,11 +279,11 @@ def _down_kernel(
         part = tl.program_id(2)
         for j in tl.static_range(TOP_K):
             if j % SPLIT == part:  # uniform per program
-                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
+                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE, X_PAIRS)
         if SHARED:  # noqa: SIM102 - constexpr outer test, runtime inner one
             if TOP_K % SPLIT == part:
                 acc += _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, token * SLOTS + TOP_K, rows, row_ok, H, I,
-                                    BLOCK_H, BLOCK_I, DECODE)  # fmt: skip
+                                    BLOCK_H, BLOCK_I, DECODE, X_PAIRS)  # fmt: skip
         T = tl.num_programs(0)
         tl.store(workspace_ptr + (part * T + token).to(tl.int64) * H + rows, acc, mask=row_ok)
         tl.debug_barrier()  # every thread's part is stored before the ticket is taken (release, GPU scope)
@@ -289,15 +298,15 @@ def _down_kernel(
     else:
         if LOOP == 1:  # unrolled over the experts: their loads may all be in flight
             for j in tl.static_range(TOP_K):
-                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
+                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE, X_PAIRS)
         elif LOOP > 1:  # pipelined over the experts
             for j in tl.range(TOP_K, num_stages=LOOP):
-                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
+                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE, X_PAIRS)
         else:
             for j in range(TOP_K):
-                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE)
+                acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE, X_PAIRS)
         if SHARED:  # the last slot: the shared expert, weight = sigmoid(its gate logit)
-            acc += _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, token * SLOTS + TOP_K, rows, row_ok, H, I, BLOCK_H, BLOCK_I, DECODE)
+            acc += _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, token * SLOTS + TOP_K, rows, row_ok, H, I, BLOCK_H, BLOCK_I, DECODE, X_PAIRS)
         tl.store(out_ptr + token.to(tl.int64) * H + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
@@ -308,6 +317,8 @@ DOWN_BLOCK_H, DOWN_BLOCK_I = 16, 128  # output rows per program, packed bytes pe
 WORDS = 0  # NVFP4 weight reads: 0 bytes, 1 int32 words with two codes decoded per shift and mask (`_nvfp4_rows_dot_words`),
 # 2 (bfloat16 x; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`), 3: as 2 with the
 # E4M3 decode (`nvfp4_half_dot`, FP8 on)
+ACT_PAIRS = 0  # bfloat16 x, half decode: 1 or 2, the gate/up kernel stores the activation as the down kernel's float16 pairs,
+# read in `_half_rows_dot`'s load form 1 or 2 (tuning key `moe_act_pairs`; benchmarks/kernels/time_gemv_x_pairs.py --key moe_act_pairs)
 DOWN_SPLIT = 1  # programs a token's down slots are dealt over (ticket-ordered sum); run22: no faster at 1 or 32 tokens, so off
 PERSISTENT = False  # one token: router, gate/up and down in one persistent launch (`moe_block_persistent`, its `PLAN`)
 BATCH_ONE: tuple[int, ...] | None = None  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS[, DOWN_SPLIT]) for one token
@@ -355,22 +366,28 @@ def _launch(
         names = ("shared_w_ptr", "shared_scale_ptr", "shared_scale_2_ptr")
         gate_up_shared = dict(zip(names, (shared.gate_up_packed, shared.gate_up_scale, shared.gate_up_scale_2))) | {"SHARED": True}
         down_shared = dict(zip(names, (shared.down_packed, shared.down_scale, shared.down_scale_2))) | {"SHARED": True}
-    # Under the interpreter the activation is written in float32 and rounded by torch (the interpreter truncates).
-    act_dtype = torch.float32 if interpreting() else x.dtype
-    act = torch.empty(num_tokens * slots, intermediate, dtype=act_dtype, device=x.device)  # [T*slots, I]
     block_n = min(gate_up_block_n, next_power_of_2(intermediate))
+    act_pairs = ACT_PAIRS if half and block_n % 8 == 0 else 0
+    # Under the interpreter the activation is written in float32 and rounded by torch (the interpreter truncates); as
+    # float16 pairs it is int32 [T*slots, I/2], rounded in the kernel.
+    act_dtype = torch.float32 if interpreting() else x.dtype
+    if act_pairs:
+        act = torch.empty(num_tokens * slots, intermediate // 2, dtype=torch.int32, device=x.device)
+    else:
+        act = torch.empty(num_tokens * slots, intermediate, dtype=act_dtype, device=x.device)  # [T*slots, I]
     block_k = min(gate_up_block_k, next_power_of_2(hidden // 2 if nvfp4 else hidden))
     x = x.contiguous()
     ids = topk_ids.contiguous()
     _gate_up_kernel[(num_tokens * slots, cdiv(intermediate, block_n))](
         x.view(torch.int32) if half else x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
-        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=loop, DECODE=decode,
+        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=loop, DECODE=decode, ACT_PAIRS=bool(act_pairs),
         **gate_up_shared,
     )
-    if act.dtype != x.dtype:
-        act = act.to(x.dtype).to(act_dtype)  # round-to-nearest-even into x's dtype, as on the GPU
-    if half:
-        act = act.to(x.dtype).view(torch.int32)
+    if not act_pairs:
+        if act.dtype != x.dtype:
+            act = act.to(x.dtype).to(act_dtype)  # round-to-nearest-even into x's dtype, as on the GPU
+        if half:
+            act = act.to(x.dtype).view(torch.int32)
     block_h = min(down_block_h, next_power_of_2(hidden))
     block_i = min(down_block_i, next_power_of_2(intermediate // 2 if nvfp4 else intermediate))
     buffer = staging_buffer(out)
@@ -382,7 +399,7 @@ def _launch(
                         "counter_ptr": ticket_counters(x.device, num_tokens * row_blocks)}  # fmt: skip
     _down_kernel[(num_tokens, row_blocks, split)](
         act, ids, topk_weights.contiguous(), down, down_scale, down_scale_2, target, hidden, intermediate,
-        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i, LOOP=loop, DECODE=decode,
+        TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i, LOOP=loop, DECODE=decode, X_PAIRS=act_pairs,
         **down_shared,
     )
     if target is not buffer:

@@ -55,7 +55,7 @@ from reference_engine.kernels.nvfp4_half_dot import (
     _block_words,
     _e4m3_bytes,
     _half_pair,
-    _half_pair_times_4,
+    _store_rows_half_pairs,
     _x_half_pairs,
 )
 from reference_engine.ops.moe import _require
@@ -317,17 +317,7 @@ def _store_act(act_ptr, pair, rows, valid, gate_acc, up_acc, gate_s2, up_s2, I: 
     up = tl.sum(up_acc, axis=1) * up_s2
     act = gate * tl.sigmoid(gate) * up
     if PAIRS:
-        bits = act.to(tl.int32, bitcast=True)
-        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)  # bfloat16, round to nearest even
-        if FP8:  # element 8w + 4a + 2b + c: pair 2c + a of word w, half b (pairs (0, 2), (4, 6), (1, 3), (5, 7)), times 4
-            lo, hi = tl.split(tl.reshape(tl.permute(tl.reshape(rounded, (BN // 8, 2, 2, 2)), (0, 3, 1, 2)), (BN // 8, 4, 2)))
-            packed = _half_pair_times_4(lo, hi, ASM)
-        else:
-            lo, hi = tl.split(tl.permute(tl.reshape(rounded, (BN // 8, 2, 4)), (0, 2, 1)))  # [BN/8 words, 4]: elements 8w + j, 8w + 4 + j
-            packed = _half_pair(lo, hi, ASM)
-        words = tl.program_id(1) * (BN // 8) + tl.arange(0, BN // 8)
-        offsets = words[:, None] * 4 + tl.arange(0, 4)[None, :]
-        tl.store(act_ptr + pair.to(tl.int64) * (I // 2) + offsets, packed, mask=valid & (words < I // 8)[:, None])
+        _store_rows_half_pairs(act_ptr + pair.to(tl.int64) * (I // 2), tl.program_id(1), act, valid, I, BN, ASM, FP8)
     else:
         tl.store(act_ptr + pair.to(tl.int64) * I + rows, act.to(act_ptr.dtype.element_ty), mask=valid & (rows < I))
 

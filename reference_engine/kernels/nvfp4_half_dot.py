@@ -116,6 +116,30 @@ def _half_pair_times_4(low_f32, high_f32, ASM: tl.constexpr):
 
 
 @triton.jit
+def _rows_half_pairs(values, BN: tl.constexpr, ASM: tl.constexpr, FP8: tl.constexpr):
+    """float32 values [BN] of BN consecutive elements from a multiple of 8 (BN a multiple of 8) -> int32 [BN / 8, 4]:
+    rounded to bfloat16 (nearest even), then the float16 pairs `x_half_pairs` builds from that bfloat16 row, in its word
+    order (each 8-element group is half a scale block: 4 consecutive words). A producer that stores these words spares
+    its consumer the conversion of x (the batch-1 MoE activation, the grouped kernels' activation)."""
+    bits = values.to(tl.int32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)  # bfloat16, round to nearest even
+    if FP8:  # element 8w + 4a + 2b + c: pair 2c + a of word w, half b (pairs (0, 2), (4, 6), (1, 3), (5, 7)), times 4
+        lo, hi = tl.split(tl.reshape(tl.permute(tl.reshape(rounded, (BN // 8, 2, 2, 2)), (0, 3, 1, 2)), (BN // 8, 4, 2)))
+        return _half_pair_times_4(lo, hi, ASM)
+    lo, hi = tl.split(tl.permute(tl.reshape(rounded, (BN // 8, 2, 4)), (0, 2, 1)))  # [BN/8, 4]: elements 8w + j, 8w + 4 + j
+    return _half_pair(lo, hi, ASM)
+
+
+@triton.jit
+def _store_rows_half_pairs(row32_ptr, row_block, values, valid, N: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr, FP8: tl.constexpr):
+    """`_rows_half_pairs` of elements row_block * BN.. of a row of N (int32 words from `row32_ptr`, N / 2 of them),
+    stored where `valid` and inside the row."""
+    groups = row_block * (BN // 8) + tl.arange(0, BN // 8)
+    offsets = groups[:, None] * 4 + tl.arange(0, 4)[None, :]
+    tl.store(row32_ptr + offsets, _rows_half_pairs(values, BN, ASM, FP8), mask=valid & (groups < N // 8)[:, None])
+
+
+@triton.jit
 def _bf16_low(words):
     """int32 holding two bfloat16 -> float32 of the low one (exact)."""
     return (words << 16).to(tl.float32, bitcast=True)
