@@ -88,6 +88,12 @@ def configs():
             "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 8, "BLOCK_K": 256, "SHARED": True, "LOOP": 3, "DECODE": decode}
         yield f"moe down half 8x256 decode={decode}", moe_decode._down_kernel, down_sig | shared_sig, {
             "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": 8, "BLOCK_I": 256, "SHARED": True, "LOOP": 3, "DECODE": decode}
+        # the activation handed over as the down kernel's float16 pairs (`moe_decode.ACT_PAIRS`), both load forms
+        yield f"moe gate_up act pairs decode={decode}", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*i32"} | shared_sig, {
+            "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 8, "BLOCK_K": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "ACT_PAIRS": True}
+        for pairs in (1, 2):
+            yield f"moe down act pairs={pairs} decode={decode}", moe_decode._down_kernel, down_sig | shared_sig, {
+                "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": 8, "BLOCK_I": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "X_PAIRS": pairs}
     for split, decode in ((9, 3), (3, 2)):  # the down slots dealt over programs, ticket-ordered sum
         yield f"moe down half split={split} decode={decode}", moe_decode._down_kernel, down_sig | shared_sig | {"workspace_ptr": "*fp32", "counter_ptr": "*i32"}, {
             "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": 8, "BLOCK_I": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "SPLIT": split}

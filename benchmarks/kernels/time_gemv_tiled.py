@@ -23,7 +23,7 @@ or 2 (`stream_like`), the shapes run80's pure reads favoured; each must agree wi
 `--x-pairs`: the committed tile on its copy with x given already as the block dot's float16 pairs
 (`nvfp4_half_dot.x_half_pairs`, built once outside the timed calls, as a producer kernel would write them), in both
 load forms, each bit-equal to converting x in the kernel first; records get `x_pairs` (time and its ratio to the
-committed tile-major time). Nothing is adopted from it: `time_gemv_x_pairs.py` times the engine's graph with the norms
+committed tile-major time). Nothing is adopted from it: `time_float16_pairs.py` times the engine's graph with the norms
 writing the pairs (tuning key `gemv_x_pairs`).
 """
 

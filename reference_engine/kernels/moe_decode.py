@@ -48,7 +48,10 @@ from reference_engine.kernels.launch import (
 )
 from reference_engine.kernels.norms import _round_to_bf16
 from reference_engine.kernels.nvfp4_gemv import _decode_e2m1, _e2m1_word_pair
-from reference_engine.kernels.nvfp4_half_dot import _half_rows_dot, _store_rows_half_pairs
+from reference_engine.kernels.nvfp4_half_dot import (
+    _half_rows_dot,
+    _store_rows_half_pairs,
+)
 from reference_engine.kernels.router import (
     router_gemv_topk_with_shared,
     router_topk_with_shared,
@@ -318,7 +321,7 @@ WORDS = 0  # NVFP4 weight reads: 0 bytes, 1 int32 words with two codes decoded p
 # 2 (bfloat16 x; otherwise 1): int64 scale blocks, products in packed float16 pairs (`nvfp4_half_dot`), 3: as 2 with the
 # E4M3 decode (`nvfp4_half_dot`, FP8 on)
 ACT_PAIRS = 0  # bfloat16 x, half decode: 1 or 2, the gate/up kernel stores the activation as the down kernel's float16 pairs,
-# read in `_half_rows_dot`'s load form 1 or 2 (tuning key `moe_act_pairs`; benchmarks/kernels/time_gemv_x_pairs.py --key moe_act_pairs)
+# read in `_half_rows_dot`'s load form 1 or 2 (tuning key `moe_act_pairs`; benchmarks/kernels/time_float16_pairs.py)
 DOWN_SPLIT = 1  # programs a token's down slots are dealt over (ticket-ordered sum); run22: no faster at 1 or 32 tokens, so off
 PERSISTENT = False  # one token: router, gate/up and down in one persistent launch (`moe_block_persistent`, its `PLAN`)
 BATCH_ONE: tuple[int, ...] | None = None  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS[, DOWN_SPLIT]) for one token

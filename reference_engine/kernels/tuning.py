@@ -23,9 +23,8 @@ decode head, `gdn_step_fused_conv` 1 the step in one launch (the conv inside the
 `gdn_ba_side_max_batch` runs the GDN b/a projection on a side stream up to that decode batch (`kernels/side_stream.py`). `gemv_words` sets the word reads
 for shapes without an entry; `gemv_tiled` 1 keeps tile-major copies of the batch-1 GEMVs' weights (`benchmarks/kernels/time_gemv_tiled.py`), `gemv_x_pairs` 1 or 2
 the kernels before the batch-1 GEMVs (the norm before each mixer, the GDN step, the paged decode) writing x as float16 pairs
-for them (`kernels/gemv_pairs.py`, `benchmarks/kernels/time_gemv_x_pairs.py`; 0 off), `moe_act_pairs` 1 or 2 the
-decode MoE's gate/up kernel storing the activation as the down kernel's float16 pairs (`time_gemv_x_pairs.py --key
-moe_act_pairs`; 0 off), `gemm_tiled` 1 tile-major copies for
+for them (`kernels/gemv_pairs.py`; 0 off), `moe_act_pairs` 1 or 2 the decode MoE's gate/up kernel storing the
+activation as the down kernel's float16 pairs (0 off; both timed by `benchmarks/kernels/time_float16_pairs.py`), `gemm_tiled` 1 tile-major copies for
 the decode-batch GEMM's tiles (`benchmarks/kernels/time_gemm_tiled.py`); `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears

@@ -127,3 +127,33 @@ def test_tuning_key_sets_the_module_setting(tmp_path, monkeypatch):
     tuning.write_setting(path, "moe_act_pairs", 2)
     tuning.apply_tuning(path)
     assert moe_decode.ACT_PAIRS == 2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 3, 8])
+def test_act_pairs_are_bit_equal_on_cuda_at_the_real_shape(tokens, tmp_path, monkeypatch):
+    """The committed decode MoE settings of the card (batch one, small batches, module), the real layer, the shared slot:
+    the output with the activation handed over as pairs (both load forms) equals converting it in the down kernel."""
+    import json
+
+    import torch
+    from real_moe_layer import real_decode_inputs
+
+    from reference_engine.kernels import moe_decode, tuning
+
+    for name in ("LOOP", "GATE_UP_BLOCK_N", "GATE_UP_BLOCK_K", "DOWN_BLOCK_H", "DOWN_BLOCK_I", "WORDS", "DOWN_SPLIT", "BATCH_ONE", "SMALL_BATCHES", "ACT_PAIRS"):
+        monkeypatch.setattr(moe_decode, name, getattr(moe_decode, name))
+    committed = json.loads(tuning.tuning_path(torch.cuda.get_device_name(), torch.cuda.get_device_capability()).read_text())
+    keys = ("device", "moe_decode", "moe_decode_batch_one", "moe_decode_small_batches")
+    (tmp_path / "t.json").write_text(json.dumps({key: committed[key] for key in keys if key in committed}))
+    tuning.apply_tuning(tmp_path / "t.json")
+    assert moe_decode._settings(tokens)[5] in (2, 3), "the committed setting does not run the half decode at this batch"
+    experts, shared, x, ids, weights = real_decode_inputs(tokens)
+    outputs = {}
+    for act_pairs in (0, 1, 2):
+        moe_decode.ACT_PAIRS = act_pairs
+        out = torch.full_like(x, float("nan"))
+        moe_decode.nvfp4_experts_with_shared(x, weights, ids, experts, shared, out)
+        assert torch.isfinite(out).all(), act_pairs
+        outputs[act_pairs] = out
+    assert torch.equal(outputs[1], outputs[0]) and torch.equal(outputs[2], outputs[0])

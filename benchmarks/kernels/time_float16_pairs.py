@@ -1,0 +1,76 @@
+"""Batch-1 decode graphs with x handed to the NVFP4 kernels as float16 pairs by its producer (two tuning keys).
+
+    PYTHONPATH=. python3 benchmarks/kernels/time_float16_pairs.py OUT.json [--model full] [--rounds 2] [--tuning FILE]
+
+The keys: `gemv_x_pairs` (`gemv_pairs.X_PAIRS`: the norm before each mixer, the GDN step and the paged decode write the
+batch-1 GEMVs' x as pairs) and `moe_act_pairs` (`moe_decode.ACT_PAIRS`: the MoE gate/up kernel writes the activation as
+the down kernel's pairs); 0 off, 1 or 2 the consumer's load form. Builds the model once (seeded random weights, NVFP4
+linears, bf16 LM head, as `toolbox engine bench`). Each round times every setting in SETTINGS, (gemv_x_pairs,
+moe_act_pairs), in turn, so drift shows as spread rather than as a difference. A setting builds an engine, decodes
+greedily from one fixed prompt (`time_l2_prefetch.one_setting`) and records the GPU time of one batch-1 graph replay and
+the last step's logits. The pairs are the same bits the kernels would build, so every setting's logits must equal
+(0, 0)'s: the script exits 1 when they do not. With --tuning each key is written on its own: the value of the fastest
+setting that sets only that key when it beats (0, 0) by more than 1% (median over the rounds), else 0. No speed is
+asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from reference_engine.kernels import gemv_pairs, moe_decode, tuning
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from time_l2_prefetch import (  # the sibling script's common start and engine run (graph replay time, last logits)
+    interleaved_rounds,
+    setting_run,
+)
+
+MARGIN = 0.01  # a key is written non-zero only when its setting is faster than (0, 0) by more than this fraction
+KEYS = ("gemv_x_pairs", "moe_act_pairs")
+SETTINGS = ((0, 0), (1, 0), (2, 0), (0, 1), (0, 2), (1, 1), (2, 2))
+OFF = (0, 0)
+
+
+def apply(setting: tuple[int, int]) -> None:
+    gemv_pairs.X_PAIRS, moe_decode.ACT_PAIRS = setting
+
+
+def label(setting: tuple[int, int]) -> str:
+    return ",".join(map(str, setting))
+
+
+def main() -> int:
+    args, model, tokenizer, prompt = setting_run(__doc__.splitlines()[0], rounds=2)
+    device = torch.device("cuda")
+    records, samples, logits = interleaved_rounds(model, tokenizer, prompt, args.rounds, SETTINGS, apply)
+    apply(OFF)
+    medians = {setting: statistics.median(values) for setting, values in samples.items()}
+    unequal = [setting for setting in SETTINGS if not torch.equal(logits[OFF], logits[setting])]
+    chosen = {}
+    for index, key in enumerate(KEYS):  # the settings that set this key alone
+        alone = [setting for setting in SETTINGS if setting[index] and not any(value for other, value in enumerate(setting) if other != index)]
+        best = min(alone, key=lambda setting: medians[setting])
+        chosen[key] = best[index] if medians[best] < (1 - MARGIN) * medians[OFF] else 0
+    summary = {"median_us": {label(s): medians[s] for s in SETTINGS}, "over_off": {label(s): medians[s] / medians[OFF] for s in SETTINGS},
+               "samples_us": {label(s): samples[s] for s in SETTINGS}, "logits_unequal": [label(s) for s in unequal], "chosen": chosen}
+    document = {"device": torch.cuda.get_device_name(device), "model": args.model, "keys": KEYS, "records": records, "summary": summary}
+    Path(args.out).write_text(json.dumps(document, indent=1))
+    print(json.dumps(summary))
+    if unequal:
+        print(f"the pairs changed the logits at {unequal}: nothing written", file=sys.stderr)
+        return 1
+    if args.tuning:
+        for key, value in chosen.items():
+            tuning.write_setting(args.tuning, key, value)
+            print(f"tuning: {key} = {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
