@@ -2,11 +2,11 @@
 # Thirty-first session, the first call (about 590 s). Usage:
 #   OUT=$OUT NAME=runNN COMMIT=<sha> bash benchmarks/gpu_session31.sh
 # 1. CUDA tests: the committed small-batch MoE settings (run80's `moe_decode_small_batches`); the float16 pairs of the
-#    norms, the GDN step and the paged decode (for the batch-1 GEMVs) and of the MoE gate/up kernel (for the down kernel),
-#    each against converting, at the real shapes.
-# 2. `kernels/time_float16_pairs.py --tuning`: the batch-1 decode graph with `gemv_x_pairs` and `moe_act_pairs` set alone
-#    and together (logits must be equal); writes both keys into the card's tuning file on the device, copied back as
-#    $OUT/$NAME-tuning.json, so the bench below runs what it chose. Copy the two keys into the repo's file by hand.
+#    norms, the GDN step and the paged decode (for the batch-1 GEMVs), of the MoE gate/up kernel (for the down kernel)
+#    and of the fused router's norm (for the gate/up kernel), each against converting, at the real shapes.
+# 2. `kernels/time_float16_pairs.py --tuning`: the batch-1 decode graph with `gemv_x_pairs`, `moe_act_pairs` and
+#    `moe_x_pairs` set alone and together (logits must be equal); writes the three keys into the card's tuning file on the device, copied back as
+#    $OUT/$NAME-tuning.json, so the bench below runs what it chose. Copy the three keys into the repo's file by hand.
 # 3. The bench (`gpu_bench_tail.sh`; BENCH_ARGS default "--output-tokens 64 --no-peer").
 # A short call: PAIRS_S, CALL_S and BENCH_ARGS shorten steps 2 and 3.
 set -u
@@ -19,7 +19,8 @@ timeout 150 python3 -m pytest -m cuda -q -p no:cacheprovider \
   "tests/reference_engine/kernels/test_norms.py::test_norm_pairs_on_cuda" \
   "tests/reference_engine/kernels/test_gemv_pairs.py::test_gdn_step_pairs_on_cuda_at_the_real_heads" \
   "tests/reference_engine/kernels/test_gemv_pairs.py::test_paged_decode_pairs_on_cuda_at_the_real_heads" \
-  "tests/reference_engine/kernels/test_moe_act_pairs.py::test_act_pairs_are_bit_equal_on_cuda_at_the_real_shape" > "$AUX/$NAME-pytest.log" 2>&1
+  "tests/reference_engine/kernels/test_moe_act_pairs.py::test_act_pairs_are_bit_equal_on_cuda_at_the_real_shape" \
+  "tests/reference_engine/kernels/test_moe_act_pairs.py::test_x_pairs_from_the_fused_router_are_bit_equal_on_cuda_at_the_real_shape" > "$AUX/$NAME-pytest.log" 2>&1
 echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$AUX/$NAME-pytest.log" | tail -n 3 | cut -c1-300; grep -E "^E " "$AUX/$NAME-pytest.log" | head -n 6 | cut -c1-300
 TUNED=reference_engine/kernels/tuned/nvidia-h200.json
 timeout "${PAIRS_S:-220}" python3 benchmarks/kernels/time_float16_pairs.py "$AUX/$NAME-float16-pairs.json" --rounds 2 --tuning "$TUNED" > "$AUX/$NAME-float16-pairs.log" 2>&1

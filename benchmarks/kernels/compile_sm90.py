@@ -92,6 +92,8 @@ def configs():
         yield f"moe gate_up act pairs decode={decode}", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*i32"} | shared_sig, {
             "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 8, "BLOCK_K": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "ACT_PAIRS": True}
         for pairs in (1, 2):
+            yield f"moe gate_up x pairs={pairs} decode={decode}", moe_decode._gate_up_kernel, {"x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*i32"} | shared_sig, {
+                "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 8, "BLOCK_K": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "ACT_PAIRS": True, "X_PAIRS": pairs}
             yield f"moe down act pairs={pairs} decode={decode}", moe_decode._down_kernel, down_sig | shared_sig, {
                 "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": 8, "BLOCK_I": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "X_PAIRS": pairs}
     for split, decode in ((9, 3), (3, 2)):  # the down slots dealt over programs, ticket-ordered sum
@@ -113,6 +115,12 @@ def configs():
     yield "router logits + top-k + expert prefetch", router._router_gemv_topk_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "counter_ptr": "*i32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32,
         "gate_up_base": "i64", "gate_up_scale_base": "i64", "down_base": "i64", "down_scale_base": "i64"}, {"H": 2048, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "BLOCK_R": 2, "BLOCK_H": 2048, "ROW_BLOCKS": 129,
         "PREFETCH": 1, "GU_BYTES": 1 << 20, "GUS_BYTES": 1 << 17, "D_BYTES": 1 << 19, "DS_BYTES": 1 << 16, "CHUNK": 1 << 16, "NCH_GU": 16, "NCH_GUS": 2, "NCH_D": 8, "NCH_DS": 1, "record_ptr": None}  # fmt: skip
+    add_norm_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "logits_ptr": "*bf16", "counter_ptr": "*i32", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32,
+                    "residual_ptr": "*bf16", "norm_w_ptr": "*bf16", "normed_ptr": "*bf16", "residual_out_ptr": "*bf16", "eps": "fp32"}
+    for pairs in (0, 1, 2):  # the norm before the MoE block in the router launch; with the normed x's float16 pairs for the gate/up kernel
+        yield f"router add_norm pairs={pairs}", router._router_gemv_topk_kernel, add_norm_sig | ({"pairs_ptr": "*i32"} if pairs else {}), {
+            "H": 2048, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "BLOCK_R": router.ROUTER_ROWS, "BLOCK_H": 2048, "ROW_BLOCKS": -(-257 // router.ROUTER_ROWS),
+            "ADD_NORM": True, "BF16": True, "PAIRS": pairs, "ASM": True, "num_warps": router.ROUTER_WARPS}
     yield "router", router._router_topk_kernel, {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32, "stride_t": I32}, {"TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8}
     step_sig = {"conv_out_ptr": "*fp32", "z_ptr": "*bf16", "b_ptr": "*bf16", "a_ptr": "*bf16", "a_log_ptr": "*fp32", "dt_bias_ptr": "*fp32", "norm_w_ptr": "*bf16",
                 "state_ptr": "*fp32", "slots_ptr": "*i64", "init_ptr": "*u8", "out_ptr": "*bf16", "o_ptr": "*fp32", "counter_ptr": "*i32",

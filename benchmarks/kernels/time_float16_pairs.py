@@ -1,16 +1,17 @@
-"""Batch-1 decode graphs with x handed to the NVFP4 kernels as float16 pairs by its producer (two tuning keys).
+"""Batch-1 decode graphs with x handed to the NVFP4 kernels as float16 pairs by its producer (three tuning keys).
 
     PYTHONPATH=. python3 benchmarks/kernels/time_float16_pairs.py OUT.json [--model full] [--rounds 2] [--tuning FILE]
 
 The keys: `gemv_x_pairs` (`gemv_pairs.X_PAIRS`: the norm before each mixer, the GDN step and the paged decode write the
-batch-1 GEMVs' x as pairs) and `moe_act_pairs` (`moe_decode.ACT_PAIRS`: the MoE gate/up kernel writes the activation as
-the down kernel's pairs); 0 off, 1 or 2 the consumer's load form. Builds the model once (seeded random weights, NVFP4
-linears, bf16 LM head, as `toolbox engine bench`). Each round times every setting in SETTINGS, (gemv_x_pairs,
-moe_act_pairs), in turn, so drift shows as spread rather than as a difference. A setting builds an engine, decodes
+batch-1 GEMVs' x as pairs), `moe_act_pairs` (`moe_decode.ACT_PAIRS`: the MoE gate/up kernel writes the activation as
+the down kernel's pairs) and `moe_x_pairs` (`moe_decode.X_PAIRS`: the fused router's norm writes x as the gate/up
+kernel's pairs); 0 off, 1 or 2 the consumer's load form. Builds the model once (seeded random weights, NVFP4
+linears, bf16 LM head, as `toolbox engine bench`). Each round times every setting in SETTINGS (the keys' values in
+KEYS order) in turn, so drift shows as spread rather than as a difference. A setting builds an engine, decodes
 greedily from one fixed prompt (`time_l2_prefetch.one_setting`) and records the GPU time of one batch-1 graph replay and
 the last step's logits. The pairs are the same bits the kernels would build, so every setting's logits must equal
-(0, 0)'s: the script exits 1 when they do not. With --tuning each key is written on its own: the value of the fastest
-setting that sets only that key when it beats (0, 0) by more than 1% (median over the rounds), else 0. No speed is
+all-off's: the script exits 1 when they do not. With --tuning each key is written on its own: the value of the fastest
+setting that sets only that key when it beats all-off by more than 1% (median over the rounds), else 0. No speed is
 asserted.
 """
 
@@ -31,17 +32,17 @@ from time_l2_prefetch import (  # the sibling script's common start and engine r
     setting_run,
 )
 
-MARGIN = 0.01  # a key is written non-zero only when its setting is faster than (0, 0) by more than this fraction
-KEYS = ("gemv_x_pairs", "moe_act_pairs")
-SETTINGS = ((0, 0), (1, 0), (2, 0), (0, 1), (0, 2), (1, 1), (2, 2))
-OFF = (0, 0)
+MARGIN = 0.01  # a key is written non-zero only when its setting is faster than all-off by more than this fraction
+KEYS = ("gemv_x_pairs", "moe_act_pairs", "moe_x_pairs")
+SETTINGS = ((0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 1, 0), (0, 2, 0), (0, 0, 1), (0, 0, 2), (2, 2, 2))
+OFF = (0, 0, 0)
 
 
-def apply(setting: tuple[int, int]) -> None:
-    gemv_pairs.X_PAIRS, moe_decode.ACT_PAIRS = setting
+def apply(setting: tuple[int, ...]) -> None:
+    gemv_pairs.X_PAIRS, moe_decode.ACT_PAIRS, moe_decode.X_PAIRS = setting
 
 
-def label(setting: tuple[int, int]) -> str:
+def label(setting: tuple[int, ...]) -> str:
     return ",".join(map(str, setting))
 
 

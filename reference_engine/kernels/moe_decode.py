@@ -137,35 +137,35 @@ def _nvfp4_rows_dot(packed_ptr, scale_ptr, row, row_ok, x_ptr, K_BYTES, byte0, B
 @triton.jit
 def _nvfp4_gate_up(
     w_ptr, scale_ptr, scale_2_ptr, gate_row, row_ok, x_row, H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
+    LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0, X_PAIRS: tl.constexpr = 0,
 ):
     """(gate, up) [BN] float32: packed gate rows `gate_row` [BN] (int64) and up rows gate_row + I against x_row,
-    times the tensor scales scale_2_ptr[0] (gate) and scale_2_ptr[1] (up)."""
+    times the tensor scales scale_2_ptr[0] (gate) and scale_2_ptr[1] (up). X_PAIRS: `_nvfp4_rows_dot`'s."""
     gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
     up = tl.zeros((BLOCK_N,), dtype=tl.float32)
     if LOOP == 1:  # unrolled: all of the row's loads may be in flight at once
         for byte0 in tl.static_range(0, H // 2, BLOCK_K):
-            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
-            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
+            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE, X_PAIRS)
+            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE, X_PAIRS)
     elif LOOP > 1:  # software-pipelined, LOOP stages
         for byte0 in tl.range(0, H // 2, BLOCK_K, num_stages=LOOP):
-            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
-            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
+            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE, X_PAIRS)
+            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE, X_PAIRS)
     else:
         for byte0 in range(0, H // 2, BLOCK_K):
-            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
-            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE)
+            gate += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE, X_PAIRS)
+            up += _nvfp4_rows_dot(w_ptr, scale_ptr, gate_row + I, row_ok, x_row, H // 2, byte0, BLOCK_N, BLOCK_K, DECODE, X_PAIRS)
     return gate * (tl.load(scale_2_ptr) * 16384.0), up * (tl.load(scale_2_ptr + 1) * 16384.0)
 
 
 @triton.jit
 def _routed_nvfp4_gate_up(
     ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
+    LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0, X_PAIRS: tl.constexpr = 0,
 ):
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     gate_row = expert * 2 * I + rows  # row index in the [E * 2I, ...] view
-    return _nvfp4_gate_up(w_ptr, scale_ptr, scale_2_ptr + expert * 2, gate_row, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE)
+    return _nvfp4_gate_up(w_ptr, scale_ptr, scale_2_ptr + expert * 2, gate_row, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE, X_PAIRS)
 
 
 @triton.jit
@@ -173,10 +173,10 @@ def _gate_up_kernel(
     x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
-    ACT_PAIRS: tl.constexpr = False,
+    ACT_PAIRS: tl.constexpr = False, X_PAIRS: tl.constexpr = 0,
 ):
     _gate_up_program(tl.program_id(0), tl.program_id(1), x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H, I, TOP_K, WEIGHT_NVFP4, BLOCK_N,
-                     BLOCK_K, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED, LOOP, DECODE, False, ACT_PAIRS)  # fmt: skip
+                     BLOCK_K, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED, LOOP, DECODE, False, ACT_PAIRS, X_PAIRS)  # fmt: skip
 
 
 @triton.jit
@@ -184,13 +184,14 @@ def _gate_up_program(
     pair, row_block, x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED: tl.constexpr, LOOP: tl.constexpr, DECODE: tl.constexpr,
-    ROUND_BF16: tl.constexpr = False, ACT_PAIRS: tl.constexpr = False,
+    ROUND_BF16: tl.constexpr = False, ACT_PAIRS: tl.constexpr = False, X_PAIRS: tl.constexpr = 0,
 ):
     """act[pair, rows] = silu(gate) * up for the pair p = t * SLOTS + j and gate rows row_block * BLOCK_N.. (module
     docstring, launch 1). ROUND_BF16: round the activation to bfloat16 in float32 first (the interpreter's store truncates).
     ACT_PAIRS (DECODE 3 to 6, BLOCK_N a multiple of 8): store it as the down kernel's float16 pairs instead, int32
     act[pair, rows / 2] in the order of this decode (`nvfp4_half_dot._store_rows_half_pairs`: the bfloat16 rounding, then
-    the conversion every down program would repeat)."""
+    the conversion every down program would repeat). X_PAIRS 1 or 2 (DECODE 3 to 6): x is given as those pairs
+    (`_nvfp4_rows_dot`)."""
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K  # slots per token; with SHARED the last one is the shared expert
     rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N)  # gate rows; up rows are I + rows
     row_ok = rows < I
@@ -202,11 +203,11 @@ def _gate_up_program(
     if WEIGHT_NVFP4:
         if SHARED:
             if pair % SLOTS == TOP_K:  # uniform per program: the shared expert's own tensors
-                gate, up = _nvfp4_gate_up(shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, rows.to(tl.int64), row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE)
+                gate, up = _nvfp4_gate_up(shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, rows.to(tl.int64), row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE, X_PAIRS)
             else:
-                gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE)
+                gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE, X_PAIRS)
         else:
-            gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE)
+            gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE, X_PAIRS)
     else:
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         gate_row = expert * 2 * I + rows
@@ -322,6 +323,8 @@ WORDS = 0  # NVFP4 weight reads: 0 bytes, 1 int32 words with two codes decoded p
 # E4M3 decode (`nvfp4_half_dot`, FP8 on)
 ACT_PAIRS = 0  # bfloat16 x, half decode: 1 or 2, the gate/up kernel stores the activation as the down kernel's float16 pairs,
 # read in `_half_rows_dot`'s load form 1 or 2 (tuning key `moe_act_pairs`; benchmarks/kernels/time_float16_pairs.py)
+X_PAIRS = 0  # the same for x: with the norm folded into the fused router (`router_add_norm`), that launch writes the normed
+# x as the gate/up kernel's float16 pairs, read in load form 1 or 2 (tuning key `moe_x_pairs`; time_float16_pairs.py)
 DOWN_SPLIT = 1  # programs a token's down slots are dealt over (ticket-ordered sum); run22: no faster at 1 or 32 tokens, so off
 PERSISTENT = False  # one token: router, gate/up and down in one persistent launch (`moe_block_persistent`, its `PLAN`)
 BATCH_ONE: tuple[int, ...] | None = None  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS[, DOWN_SPLIT]) for one token
@@ -343,9 +346,10 @@ def _settings(num_tokens: int) -> tuple[int, int, int, int, int, int, int]:
 
 def _launch(
     x, topk_weights, topk_ids, gate_up, gate_up_scale, gate_up_scale_2, down, down_scale, down_scale_2, intermediate, out, nvfp4: bool,
-    shared: SharedNvfp4Expert | None = None,
+    shared: SharedNvfp4Expert | None = None, x_pairs: torch.Tensor | None = None,
 ) -> None:
-    """Both kernels; with `shared` the routing rows are [T, top_k + 1] and the last slot is the shared expert."""
+    """Both kernels; with `shared` the routing rows are [T, top_k + 1] and the last slot is the shared expert. `x_pairs`:
+    x as float16 pairs in the order of this batch's decode (`x_pairs_order`), read instead of x with `X_PAIRS`."""
     num_tokens, hidden = x.shape
     slots = topk_ids.shape[1]
     top_k = slots - 1 if shared is not None else slots
@@ -381,10 +385,11 @@ def _launch(
     block_k = min(gate_up_block_k, next_power_of_2(hidden // 2 if nvfp4 else hidden))
     x = x.contiguous()
     ids = topk_ids.contiguous()
+    x_pairs_form = X_PAIRS if half and x_pairs is not None else 0
     _gate_up_kernel[(num_tokens * slots, cdiv(intermediate, block_n))](
-        x.view(torch.int32) if half else x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
+        x_pairs if x_pairs_form else x.view(torch.int32) if half else x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=loop, DECODE=decode, ACT_PAIRS=bool(act_pairs),
-        **gate_up_shared,
+        X_PAIRS=x_pairs_form, **gate_up_shared,
     )
     if not act_pairs:
         if act.dtype != x.dtype:
@@ -554,10 +559,14 @@ def _block(x, router_weight, experts, shared, top_k, out, router_x=None, add_nor
         return
     topk_weights = torch.empty(num_tokens, top_k + 1, dtype=torch.float32, device=x.device)
     topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
+    x_pairs = None
     if num_tokens <= router.FUSED_ROUTER_MAX_TOKENS and x.is_contiguous() and router_weight.is_contiguous():
         prefetch = experts if router.PREFETCH_EXPERTS and not interpreting() else None  # selected experts into L2 (tuning)
+        order = None if add_norm is None else x_pairs_order(num_tokens, x)  # the launch's norm also writes x as the experts' pairs
+        if order is not None:
+            x_pairs = torch.empty(num_tokens, x.shape[1] // 2, dtype=torch.int32, device=x.device)
         router_gemv_topk_with_shared(x if add_norm is None else router_x, router_weight, topk_weights, topk_ids, top_k, prefetch=prefetch,
-                                     add_norm=add_norm)  # logits and top-k (and the norm before the block), one launch
+                                     add_norm=add_norm, pairs_out=x_pairs, pairs_fp8=bool(order))  # fmt: skip
     else:
         if add_norm is not None:  # `folds_norm` chose the fused router: its conditions are this branch's
             raise AssertionError("the norm was handed to a router launch that does not run")
@@ -574,7 +583,19 @@ def _block(x, router_weight, experts, shared, top_k, out, router_x=None, add_nor
         loop, block_n, block_k = _settings(num_tokens)[:3]
         moe_pairs_fused.fused_pairs_with_shared(x.contiguous(), topk_weights, topk_ids, StackedNvfp4Experts(*routed), shared_tensors, out, (loop, block_n, block_k))
         return
-    _launch(x, topk_weights, topk_ids, *routed, int(experts.gate_up_packed.shape[1]) // 2, out, nvfp4=True, shared=shared_tensors)
+    _launch(x, topk_weights, topk_ids, *routed, int(experts.gate_up_packed.shape[1]) // 2, out, nvfp4=True, shared=shared_tensors, x_pairs=x_pairs)
+
+
+def x_pairs_order(num_tokens: int, x: torch.Tensor) -> bool | None:
+    """The order of the x pairs `_launch` would read at this batch: True for the E4M3 decode's, False for the plain one,
+    None where it reads none (`X_PAIRS` off, no half decode, x not bfloat16, or the batch runs other kernels)."""
+    from reference_engine.kernels import moe_pairs_fused
+
+    if not X_PAIRS or x.dtype != torch.bfloat16 or PERSISTENT and num_tokens == 1 or moe_grouped_half.runs(num_tokens, x.dtype) \
+            or moe_grouped_decode.MIN_TOKENS is not None and num_tokens >= moe_grouped_decode.MIN_TOKENS or moe_pairs_fused.runs(num_tokens, x.dtype):
+        return None
+    words = _settings(num_tokens)[5]
+    return None if words not in (2, 3) else words == 3
 
 
 def _contiguous_experts(x, experts: StackedNvfp4Experts, shared: SharedNvfp4Expert) -> tuple[list[torch.Tensor], SharedNvfp4Expert]:

@@ -31,13 +31,16 @@ import torch
 import triton
 import triton.language as tl
 
+from reference_engine.kernels.gemv_pairs import check_pairs_out
 from reference_engine.kernels.launch import (
     cdiv,
+    interpreting,
     next_power_of_2,
     require_launchable,
     ticket_counters,
 )
 from reference_engine.kernels.norms import _round_to_bf16
+from reference_engine.kernels.nvfp4_half_dot import _store_rows_half_pairs
 from reference_engine.ops.moe import _check_out, _require, check_router_with_shared
 from reference_engine.ops.norms import AddNorm
 from reference_engine.ops.registry import satisfies
@@ -167,9 +170,11 @@ def _router_logits_rows_of(xv, w_ptr, logits_row, block, E, H: tl.constexpr, BLO
 
 @triton.jit
 def _add_norm_row(x_row, residual_row, norm_w_ptr, normed_row, residual_out_row, eps, store, H: tl.constexpr, BLOCK_H: tl.constexpr,
-                  BF16: tl.constexpr):
+                  BF16: tl.constexpr, pairs_ptr=None, token=0, PAIRS: tl.constexpr = 0, ASM: tl.constexpr = False):
     """One token's fused add + RMSNorm as `norms._rms_norm_kernel` computes it (FUSED_ADD): returns the normed row
-    [BLOCK_H] float32, already rounded to x's dtype; with `store`, writes it and the rounded sum as well."""
+    [BLOCK_H] float32, already rounded to x's dtype; with `store`, writes it and the rounded sum as well, and with PAIRS
+    (bfloat16 x) the normed row as float16 pairs at row `token` of `pairs_ptr` (H / 2 int32 words; 1 plain order, 2 the E4M3 decode's:
+    `nvfp4_half_dot.x_half_pairs`) for the MoE gate/up kernel that reads x as pairs."""
     cols = tl.arange(0, BLOCK_H)
     ok = cols < H
     total = tl.load(x_row + cols, mask=ok, other=0.0).to(tl.float32) + tl.load(residual_row + cols, mask=ok, other=0.0).to(tl.float32)
@@ -187,19 +192,21 @@ def _add_norm_row(x_row, residual_row, norm_w_ptr, normed_row, residual_out_row,
     if store:
         tl.store(residual_out_row + cols, total.to(residual_out_row.dtype.element_ty), mask=ok)
         tl.store(normed_row + cols, y.to(normed_row.dtype.element_ty), mask=ok)
+        if PAIRS:
+            _store_rows_half_pairs(pairs_ptr + token * (H // 2), 0, y, True, H, BLOCK_H, ASM, PAIRS == 2)
     return y
 
 
 @triton.jit
 def _router_logits_ticket(block, token, x_ptr, w_ptr, logits_ptr, counter_ptr, E, H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
                           residual_ptr, norm_w_ptr, normed_ptr, residual_out_ptr, eps, ADD_NORM: tl.constexpr, BF16: tl.constexpr,
-                          NORM_WRITER: tl.constexpr):
+                          NORM_WRITER: tl.constexpr, pairs_ptr=None, PAIRS: tl.constexpr = 0, ASM: tl.constexpr = False):
     """One program of the fused router up to its ticket: token `token`'s logits rows block*BLOCK_R.. (with ADD_NORM of
     the normed x, which program NORM_WRITER stores with the sum), then a ticket from the token's counter; returns it.
     The program drawing ROW_BLOCKS - 1 sees every row block's logits (acquire) and does the top-k."""
     if ADD_NORM:
         xv = _add_norm_row(x_ptr + token * H, residual_ptr + token * H, norm_w_ptr, normed_ptr + token * H, residual_out_ptr + token * H,
-                           eps, block == NORM_WRITER, H, BLOCK_H, BF16)  # fmt: skip
+                           eps, block == NORM_WRITER, H, BLOCK_H, BF16, pairs_ptr, token, PAIRS, ASM)  # fmt: skip
         _router_logits_rows_of(xv, w_ptr, logits_ptr + token * (E + 1), block, E, H, BLOCK_R, BLOCK_H)
     else:
         _router_logits_rows(x_ptr + token * H, w_ptr, logits_ptr + token * (E + 1), block, E, H, BLOCK_R, BLOCK_H)
@@ -215,16 +222,17 @@ def _router_gemv_topk_kernel(
     PREFETCH: tl.constexpr = 0, GU_BYTES: tl.constexpr = 0, GUS_BYTES: tl.constexpr = 0, D_BYTES: tl.constexpr = 0, DS_BYTES: tl.constexpr = 0,
     CHUNK: tl.constexpr = 65536, NCH_GU: tl.constexpr = 1, NCH_GUS: tl.constexpr = 1, NCH_D: tl.constexpr = 1, NCH_DS: tl.constexpr = 1,
     residual_ptr=None, norm_w_ptr=None, normed_ptr=None, residual_out_ptr=None, eps=1e-6, ADD_NORM: tl.constexpr = False,
-    BF16: tl.constexpr = False, NORM_WRITER: tl.constexpr = 0,
+    BF16: tl.constexpr = False, NORM_WRITER: tl.constexpr = 0, pairs_ptr=None, PAIRS: tl.constexpr = 0, ASM: tl.constexpr = False,
 ):
     """Router logits and the top-k with the shared slot in one launch. Grid (ROW_BLOCKS, T): program (r, t)
     computes logits rows r*BLOCK_R.. of token t (float32 sums over H, rounded to x's dtype as F.linear
     returns them) into `logits [T, E+1]`, then takes a ticket from the token's counter; the program that
     draws the last one runs `_topk_row` over the finished row and puts the counter back to zero. ADD_NORM: x is the
-    un-normed input; each program normalises the token's row itself (module docstring), program NORM_WRITER stores it."""
+    un-normed input; each program normalises the token's row itself (module docstring), program NORM_WRITER stores it
+    (and with PAIRS its float16 pairs, `_add_norm_row`)."""
     token = tl.program_id(1).to(tl.int64)
     ticket = _router_logits_ticket(tl.program_id(0), token, x_ptr, w_ptr, logits_ptr, counter_ptr, E, H, BLOCK_R, BLOCK_H, residual_ptr, norm_w_ptr,
-                                   normed_ptr, residual_out_ptr, eps, ADD_NORM, BF16, NORM_WRITER)  # fmt: skip
+                                   normed_ptr, residual_out_ptr, eps, ADD_NORM, BF16, NORM_WRITER, pairs_ptr, PAIRS, ASM)  # fmt: skip
     if ticket == ROW_BLOCKS - 1:
         ROW: tl.constexpr = TOP_K + 1
         ids, id_ok = _topk_row(logits_ptr + token * (E + 1), weights_ptr + token * ROW, ids_ptr + token * ROW, E, TOP_K, BLOCK_E, BLOCK_K, True, True)
@@ -311,19 +319,26 @@ def router_gemv_topk_with_shared(
     prefetch=None,  # StackedNvfp4Experts: prefetch the selected experts' weights into L2 (CUDA), or None
     record: torch.Tensor | None = None,  # tests: int64 [T * prefetch_rows(top_k, experts), 2] gets the chunks instead
     add_norm: AddNorm | None = None,  # x is un-normed: this launch also does the norm before the block (module docstring)
+    pairs_out: torch.Tensor | None = None,  # with add_norm and bfloat16 x: int32 [T, H/2] gets the normed x as float16 pairs
+    pairs_fp8: bool = False,  # ... in the E4M3 decode's order (else the plain one)
 ) -> None:
     """`router_topk_with_shared(F.linear(x, router_weight), ...)` in one launch; inputs as `moe_block_decode`
     checks them (contiguous x and weight of one dtype, contiguous outputs). Writes every output slot. With `prefetch`,
     the program that finishes a token's top-k also issues a bulk L2 prefetch of its experts' gate/up and down codes and
     scales (64 KB chunks, not waited for), so the experts' launches that follow read them from L2 sooner; with `record`,
     it stores those chunks' (address, bytes) there instead (the interpreter cannot run the PTX). With `add_norm` the
-    logits are those of add_norm's normed x, which this launch writes to `add_norm.out` (and the sum to `residual_out`)."""
+    logits are those of add_norm's normed x, which this launch writes to `add_norm.out` (and the sum to `residual_out`),
+    and with `pairs_out` also as the float16 pairs the MoE gate/up kernel can read instead of converting x."""
     num_tokens, hidden = x.shape
     num_experts = router_weight.shape[0] - 1
     if add_norm is not None:
         add_norm.check(x)
         if next_power_of_2(hidden) > ROUTER_BLOCK_H:
             raise ValueError(f"the fused norm needs the row in one step: H={hidden} is over ROUTER_BLOCK_H={ROUTER_BLOCK_H}")
+    if pairs_out is not None:
+        if add_norm is None:
+            raise ValueError("pairs_out needs add_norm: the pairs are written by the launch's norm")
+        check_pairs_out(pairs_out, add_norm.out, hidden, both=False)
     if num_tokens == 0:
         return
     logits = torch.empty(num_tokens, num_experts + 1, dtype=x.dtype, device=x.device)
@@ -344,6 +359,8 @@ def router_gemv_topk_with_shared(
             "residual_out_ptr": add_norm.residual_out, "eps": float(add_norm.eps), "ADD_NORM": True,
             "BF16": x.dtype == torch.bfloat16, "NORM_WRITER": NORM_WRITER,
         }  # fmt: skip
+        if pairs_out is not None:
+            extra |= {"pairs_ptr": pairs_out, "PAIRS": 2 if pairs_fp8 else 1, "ASM": not interpreting()}
     _router_gemv_topk_kernel[(row_blocks, num_tokens)](
         x, router_weight, logits, ticket_counters(x.device, num_tokens), topk_weights, topk_ids, num_experts, hidden,
         TOP_K=top_k, BLOCK_E=next_power_of_2(num_experts), BLOCK_K=next_power_of_2(top_k),

@@ -24,7 +24,8 @@ decode head, `gdn_step_fused_conv` 1 the step in one launch (the conv inside the
 for shapes without an entry; `gemv_tiled` 1 keeps tile-major copies of the batch-1 GEMVs' weights (`benchmarks/kernels/time_gemv_tiled.py`), `gemv_x_pairs` 1 or 2
 the kernels before the batch-1 GEMVs (the norm before each mixer, the GDN step, the paged decode) writing x as float16 pairs
 for them (`kernels/gemv_pairs.py`; 0 off), `moe_act_pairs` 1 or 2 the decode MoE's gate/up kernel storing the
-activation as the down kernel's float16 pairs (0 off; both timed by `benchmarks/kernels/time_float16_pairs.py`), `gemm_tiled` 1 tile-major copies for
+activation as the down kernel's float16 pairs, `moe_x_pairs` 1 or 2 the fused router's norm (`router_add_norm`) writing x
+as the gate/up kernel's pairs (0 off; the three timed by `benchmarks/kernels/time_float16_pairs.py`), `gemm_tiled` 1 tile-major copies for
 the decode-batch GEMM's tiles (`benchmarks/kernels/time_gemm_tiled.py`); `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
@@ -196,6 +197,7 @@ class TuningFile(BaseModel):
     router_add_norm: int | None = Field(default=None, ge=0, le=1)  # fused router: the norm before the MoE block in the same launch
     gemv_x_pairs: int | None = Field(default=None, ge=0, le=2)  # batch-1 GEMVs: x as float16 pairs from its producer (0 off; 1, 2 load forms)
     moe_act_pairs: int | None = Field(default=None, ge=0, le=2)  # decode MoE: the activation as the down kernel's float16 pairs (0 off; 1, 2)
+    moe_x_pairs: int | None = Field(default=None, ge=0, le=2)  # decode MoE: x as the gate/up kernel's pairs from the fused router's norm
     sampling_fused_select: int | None = Field(default=None, ge=0, le=1)  # sampling's top-k selection path in two Triton launches
     gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
     gemm_prefetch_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: next K step's x and scales loaded ahead
@@ -269,6 +271,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
         gemv_pairs.X_PAIRS = tuning.gemv_x_pairs
     if tuning.moe_act_pairs is not None:
         moe_decode.ACT_PAIRS = tuning.moe_act_pairs
+    if tuning.moe_x_pairs is not None:
+        moe_decode.X_PAIRS = tuning.moe_x_pairs
     if tuning.gemm_tiled is not None:
         nvfp4_gemm.TILED_SMALL_M = bool(tuning.gemm_tiled)
     for value, module, name in ((tuning.gdn_step_split_below, gdn_decode_step, "STEP_SPLIT_BELOW"), (tuning.gdn_step_split, gdn_decode_step, "STEP_SPLIT"),

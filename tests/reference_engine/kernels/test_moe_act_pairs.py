@@ -1,4 +1,4 @@
-"""The decode MoE kernels with the activation handed over as float16 pairs (`moe_decode.ACT_PAIRS`).
+"""The decode MoE kernels with the activation and x handed over as float16 pairs (`moe_decode.ACT_PAIRS`, `X_PAIRS`).
 
 With `ACT_PAIRS` the gate/up kernel stores silu(gate) * up, rounded to bfloat16, as the float16 pairs the down
 kernel's half decode takes (`nvfp4_half_dot._store_rows_half_pairs`), and the down kernel loads them instead of
@@ -10,13 +10,17 @@ Interpreter (one subprocess), bfloat16 x, 1 and 3 tokens, the routed experts wit
 - the gate/up kernel's pairs equal `x_half_pairs` of the bfloat16 activation (from `ACT_PAIRS` 0) in that decode's
   order, and differ from the other order's: a producer writing the wrong order is caught;
 - pairs in the other decode's order, fed to the down kernel, change the output (the hand-over is order-sensitive);
+- `X_PAIRS`: with the norm folded into the fused router, that launch writes the normed x as the gate/up kernel's pairs;
+  the block output, normed row and residual are bit-equal to converting x (1 and 3 tokens, both decodes, with and
+  without the activation pairs), and a router writing the other order is caught;
 - the setting is ignored (bfloat16 activation) where the half decode does not run: float32 x.
-In process: the tuning key `moe_act_pairs` reaches `moe_decode.ACT_PAIRS`.
+In process: the tuning keys `moe_act_pairs` and `moe_x_pairs` reach the module settings, and a bad pairs buffer is refused.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 from kernel_interpreter import assert_script_ok, interpreter_run
 
 SCRIPT = r"""
@@ -101,6 +105,59 @@ error = float((wrong.float() - expected.float()).norm() / expected.float().norm(
 print(f"other order handed over: relative error {error:.2e}")
 assert error > 1e-2, error
 
+# x handed over too (`X_PAIRS`): the fused router's norm (`router.ADD_NORM`) writes the normed x as the gate/up kernel's
+# pairs. The block with the norm folded in: output, normed row and residual bit-equal to converting x in the kernel.
+from reference_engine.kernels import router
+from reference_engine.ops.norms import AddNorm
+router_weight = torch.randn(E + 1, H, generator=g) * 0.15
+
+def folded(x, residual, norm_weight, words, x_pairs, act_pairs):
+    moe_decode.WORDS, moe_decode.X_PAIRS, moe_decode.ACT_PAIRS, moe_decode.GATE_UP_BLOCK_N = words, x_pairs, act_pairs, 8
+    router.ADD_NORM = True
+    try:
+        T = x.shape[0]
+        add_norm = AddNorm(residual, norm_weight, torch.full((T, H), float("nan"), dtype=x.dtype), torch.full((T, H), float("nan"), dtype=x.dtype), 1e-6)
+        out = torch.full((T, H), float("nan"), dtype=x.dtype)
+        assert moe_decode.folds_norm(x, router_weight.to(x.dtype))
+        moe_decode.moe_block_decode_add_norm(x, add_norm, router_weight.to(x.dtype), experts, shared, K, out)
+    finally:
+        moe_decode.WORDS, moe_decode.X_PAIRS, moe_decode.ACT_PAIRS, moe_decode.GATE_UP_BLOCK_N = 0, 0, 0, 16
+        router.ADD_NORM = False
+    for tensor in (out, add_norm.out, add_norm.residual_out):
+        assert torch.isfinite(tensor.float()).all(), "unwritten (NaN) output"
+    return out, add_norm.out, add_norm.residual_out
+
+checked = 0
+for T in (1, 3):
+    x = (torch.randn(T, H, generator=g) * 2).to(torch.bfloat16)
+    residual = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    norm_weight = (torch.randn(H, generator=g) * 0.1).to(torch.bfloat16)
+    for words in (2, 3):
+        converted = folded(x, residual, norm_weight, words, 0, 0)
+        assert moe_decode.x_pairs_order(T, x) is None  # off
+        for x_pairs, act_pairs in ((1, 0), (2, 0), (2, 2), (1, 1)):
+            handed = folded(x, residual, norm_weight, words, x_pairs, act_pairs)
+            for got, want in zip(handed, converted):
+                assert torch.equal(got, want), (T, words, x_pairs, act_pairs)
+            checked += 1
+print(f"folded block with x pairs bit-equal: {checked} settings")
+
+# Known-wrong: the router writes the other order's pairs; the gate/up kernel then multiplies permuted x.
+x = (torch.randn(1, H, generator=g) * 2).to(torch.bfloat16)
+residual = torch.randn(1, H, generator=g).to(torch.bfloat16)
+norm_weight = (torch.randn(H, generator=g) * 0.1).to(torch.bfloat16)
+expected = folded(x, residual, norm_weight, 3, 0, 0)[0]
+real_launch = router.router_gemv_topk_with_shared
+router.router_gemv_topk_with_shared = lambda *args, pairs_fp8=False, **kwargs: real_launch(*args, pairs_fp8=not pairs_fp8, **kwargs)
+moe_decode.router_gemv_topk_with_shared = router.router_gemv_topk_with_shared
+try:
+    wrong = folded(x, residual, norm_weight, 3, 1, 0)[0]
+finally:
+    router.router_gemv_topk_with_shared = moe_decode.router_gemv_topk_with_shared = real_launch
+error = float((wrong.float() - expected.float()).norm() / expected.float().norm())
+print(f"router writing the other order: relative error {error:.2e}")
+assert error > 1e-2, error
+
 # Float32 x: no half decode, so the setting leaves the bfloat16-free path alone (same output as off).
 x = torch.randn(1, H, generator=g)
 weights, ids = routing(1)
@@ -122,11 +179,26 @@ def test_tuning_key_sets_the_module_setting(tmp_path, monkeypatch):
     from reference_engine.kernels import moe_decode, tuning
 
     monkeypatch.setattr(moe_decode, "ACT_PAIRS", 0)
+    monkeypatch.setattr(moe_decode, "X_PAIRS", 0)
     path = tmp_path / "card.json"
     path.write_text('{"device": "test card"}')
     tuning.write_setting(path, "moe_act_pairs", 2)
+    tuning.write_setting(path, "moe_x_pairs", 1)
     tuning.apply_tuning(path)
-    assert moe_decode.ACT_PAIRS == 2
+    assert (moe_decode.ACT_PAIRS, moe_decode.X_PAIRS) == (2, 1)
+
+
+def test_router_refuses_a_bad_pairs_buffer():
+    from reference_engine.kernels import router
+    from reference_engine.ops.norms import AddNorm
+
+    x = torch.randn(1, 64).bfloat16()
+    add_norm = AddNorm(torch.randn(1, 64).bfloat16(), torch.randn(64).bfloat16(), torch.empty(1, 64).bfloat16(), torch.empty(1, 64).bfloat16(), 1e-6)
+    weights, ids, rw = torch.empty(1, 3), torch.empty(1, 3, dtype=torch.int32), torch.randn(7, 64).bfloat16()
+    with pytest.raises(ValueError, match="pairs_out needs add_norm"):
+        router.router_gemv_topk_with_shared(x, rw, weights, ids, 2, pairs_out=torch.empty(1, 32, dtype=torch.int32))
+    with pytest.raises(ValueError, match="pairs_out must be"):
+        router.router_gemv_topk_with_shared(x, rw, weights, ids, 2, add_norm=add_norm, pairs_out=torch.empty(1, 64, dtype=torch.int32))
 
 
 @pytest.mark.cuda
@@ -136,7 +208,6 @@ def test_act_pairs_are_bit_equal_on_cuda_at_the_real_shape(tokens, tmp_path, mon
     the output with the activation handed over as pairs (both load forms) equals converting it in the down kernel."""
     import json
 
-    import torch
     from real_moe_layer import real_decode_inputs
 
     from reference_engine.kernels import moe_decode, tuning
@@ -157,3 +228,45 @@ def test_act_pairs_are_bit_equal_on_cuda_at_the_real_shape(tokens, tmp_path, mon
         assert torch.isfinite(out).all(), act_pairs
         outputs[act_pairs] = out
     assert torch.equal(outputs[1], outputs[0]) and torch.equal(outputs[2], outputs[0])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_x_pairs_from_the_fused_router_are_bit_equal_on_cuda_at_the_real_shape(tokens, tmp_path, monkeypatch):
+    """The card's committed decode MoE and router settings with the norm folded into the router launch, the real layer:
+    output, normed rows and residual with x handed over as pairs (both load forms, with the activation pairs too) equal
+    converting x in the gate/up kernel."""
+    import json
+
+    from real_moe_layer import EXPERTS, HIDDEN, TOP_K, real_decode_inputs
+
+    from reference_engine.kernels import moe_decode, router, tuning
+    from reference_engine.ops.norms import AddNorm
+
+    for module, names in ((moe_decode, ("LOOP", "GATE_UP_BLOCK_N", "GATE_UP_BLOCK_K", "DOWN_BLOCK_H", "DOWN_BLOCK_I", "WORDS", "DOWN_SPLIT", "BATCH_ONE",
+                                        "SMALL_BATCHES", "ACT_PAIRS", "X_PAIRS")),
+                          (router, ("ADD_NORM", "FUSED_ROUTER_MAX_TOKENS", "ROUTER_ROWS", "ROUTER_WARPS", "PREFETCH_EXPERTS"))):  # fmt: skip
+        for name in names:
+            monkeypatch.setattr(module, name, getattr(module, name))
+    committed = json.loads(tuning.tuning_path(torch.cuda.get_device_name(), torch.cuda.get_device_capability()).read_text())
+    keys = ("device", "moe_decode", "moe_decode_batch_one", "moe_decode_small_batches", "fused_router_max_tokens", "router_rows", "router_warps")
+    (tmp_path / "t.json").write_text(json.dumps({key: committed[key] for key in keys if key in committed}))
+    tuning.apply_tuning(tmp_path / "t.json")
+    router.ADD_NORM = True
+    experts, shared, x, _, _ = real_decode_inputs(tokens)
+    generator = torch.Generator(device="cuda").manual_seed(tokens)
+    router_weight = (torch.randn(EXPERTS + 1, HIDDEN, generator=generator, device="cuda") * HIDDEN**-0.5).bfloat16()
+    residual = torch.randn(tokens, HIDDEN, generator=generator, device="cuda").bfloat16()
+    norm_weight = (torch.randn(HIDDEN, generator=generator, device="cuda") * 0.1).bfloat16()
+    assert moe_decode.folds_norm(x, router_weight)
+    results = {}
+    for setting in ((0, 0), (1, 0), (2, 0), (2, 2)):
+        moe_decode.X_PAIRS, moe_decode.ACT_PAIRS = setting
+        assert setting[0] == 0 or moe_decode.x_pairs_order(tokens, x) is not None, "x pairs would not be read at this batch"
+        add_norm = AddNorm(residual, norm_weight, torch.full_like(x, float("nan")), torch.full_like(x, float("nan")), 1e-6)
+        out = torch.full_like(x, float("nan"))
+        moe_decode.moe_block_decode_add_norm(x, add_norm, router_weight, experts, shared, TOP_K, out)
+        results[setting] = (out, add_norm.out, add_norm.residual_out)
+        assert all(torch.isfinite(t).all() for t in results[setting]), setting
+    for setting, tensors in results.items():
+        assert all(torch.equal(got, want) for got, want in zip(tensors, results[(0, 0)])), setting
