@@ -5,7 +5,7 @@
 #    pairs output (`pairs_out`) against `x_half_pairs`, the GDN step's pairs for out_proj and
 #    the paged decode's for o_proj, at the real heads.
 # 2. `kernels/time_gemv_tiled.py --x-pairs`: the batch-1 GEMVs with x given as float16 pairs, per shape, kernel alone.
-# 3. `kernels/time_gemv_x_pairs.py --tuning`: the batch-1 decode graph with the norm before each mixer, the GDN step
+# 3. `kernels/time_float16_pairs.py --tuning` (now with the MoE's pairs keys too): the batch-1 decode graph with the norm before each mixer, the GDN step
 #    before out_proj and the paged decode before o_proj writing the pairs
 #    (`gemv_x_pairs` 0, 1, 2; logits must be equal); writes the key into the card's tuning file on the device, copied
 #    back as $OUT/$NAME-tuning.json, so the bench below runs what it chose.
@@ -27,7 +27,7 @@ if [ -z "${SKIP_TILED:-}" ]; then
   echo "gemv x pairs rc=$?"; grep -E "^GEMV|pairs" "$AUX/$NAME-gemv-x-pairs.log" | cut -c1-200
 fi
 TUNED=reference_engine/kernels/tuned/nvidia-h200.json
-timeout "${PAIRS_S:-170}" python3 benchmarks/kernels/time_gemv_x_pairs.py "$AUX/$NAME-x-pairs-model.json" --rounds 2 --tuning "$TUNED" > "$AUX/$NAME-x-pairs-model.log" 2>&1
+timeout "${PAIRS_S:-170}" python3 benchmarks/kernels/time_float16_pairs.py "$AUX/$NAME-x-pairs-model.json" --rounds 2 --tuning "$TUNED" > "$AUX/$NAME-x-pairs-model.log" 2>&1
 echo "x pairs model rc=$?"; tail -n 3 "$AUX/$NAME-x-pairs-model.log" | cut -c1-400
 cp "$TUNED" "$OUT/$NAME-tuning.json"
 CALL_S="${CALL_S:-585}"; BENCH_S="${BENCH_S:-420}"; BENCH_ARGS="${BENCH_ARGS:---output-tokens 64 --no-peer}"
