@@ -8,7 +8,8 @@
 #    `moe_x_pairs` set alone and together (logits must be equal); writes the three keys into the card's tuning file on the device, copied back as
 #    $OUT/$NAME-tuning.json, so the bench below runs what it chose. Copy the three keys into the repo's file by hand.
 # 3. The bench (`gpu_bench_tail.sh`; BENCH_ARGS default "--output-tokens 64 --no-peer").
-# A short call: SKIP_TESTS=1 leaves out step 1 (step 2 still checks the logits); ROUNDS, PAIRS_S, CALL_S and BENCH_ARGS
+# A short call: SKIP_TESTS=1 leaves out step 1 (step 2 still checks the logits); ROUNDS, PAIRS_SETTINGS (a subset of the
+# settings: "2,0,0 0,2,2"), PAIRS_S, CALL_S and BENCH_ARGS
 # shorten 2 and 3.
 set -u
 OUT="${OUT:-/tmp/session31-out}"; NAME="${NAME:-session31}"; COMMIT="${COMMIT:-unknown}"
@@ -26,7 +27,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$AUX/$NAME-pytest.log" | tail -n 3 | cut -c1-300; grep -E "^E " "$AUX/$NAME-pytest.log" | head -n 6 | cut -c1-300
 fi
 TUNED=reference_engine/kernels/tuned/nvidia-h200.json
-timeout "${PAIRS_S:-220}" python3 benchmarks/kernels/time_float16_pairs.py "$AUX/$NAME-float16-pairs.json" --rounds "${ROUNDS:-2}" --tuning "$TUNED" > "$AUX/$NAME-float16-pairs.log" 2>&1
+timeout "${PAIRS_S:-220}" python3 benchmarks/kernels/time_float16_pairs.py "$AUX/$NAME-float16-pairs.json" --rounds "${ROUNDS:-2}" ${PAIRS_SETTINGS:+--settings "$PAIRS_SETTINGS"} --tuning "$TUNED" > "$AUX/$NAME-float16-pairs.log" 2>&1
 echo "float16 pairs rc=$?"; tail -n 4 "$AUX/$NAME-float16-pairs.log" | cut -c1-600
 cp "$TUNED" "$OUT/$NAME-tuning.json"
 CALL_S="${CALL_S:-585}"; BENCH_S="${BENCH_S:-420}"; BENCH_ARGS="${BENCH_ARGS:---output-tokens 64 --no-peer}"

@@ -56,14 +56,17 @@ def one_setting(model, tokenizer, point: str | None, prompt: list[int], configur
     return record, logits
 
 
-def setting_run(description: str, rounds: int) -> tuple[argparse.Namespace, object, object, list[int]]:
-    """The graph-setting scripts' common start: (arguments OUT, --model, --rounds, --tuning; the model built once with
-    seeded random weights, NVFP4 linears and bfloat16 activations on CUDA; its tokenizer; the fixed 64-token prompt)."""
+def setting_run(description: str, rounds: int, more_arguments=None) -> tuple[argparse.Namespace, object, object, list[int]]:
+    """The graph-setting scripts' common start: (arguments OUT, --model, --rounds, --tuning and what
+    `more_arguments(parser)` adds; the model built once with seeded random weights, NVFP4 linears and bfloat16
+    activations on CUDA; its tokenizer; the fixed 64-token prompt)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("out")
     parser.add_argument("--model", default="full", choices=("full", "tiny"))
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--tuning", default=None)
+    if more_arguments is not None:
+        more_arguments(parser)
     args = parser.parse_args()
     model = build_preset(args.model, device=torch.device("cuda"), dtype=torch.bfloat16, seed=0, quantize="nvfp4")
     prompt = torch.randint(1, model.config.vocab_size, (64,), generator=torch.Generator().manual_seed(1)).tolist()
