@@ -8,9 +8,8 @@
 #    `moe_x_pairs` set alone and together (logits must be equal); writes the three keys into the card's tuning file on the device, copied back as
 #    $OUT/$NAME-tuning.json, so the bench below runs what it chose. Copy the three keys into the repo's file by hand.
 # 3. The bench (`gpu_bench_tail.sh`; BENCH_ARGS default "--output-tokens 64 --no-peer").
-# A short call: SKIP_TESTS=1 leaves out step 1 (step 2 still checks the logits); ROUNDS, PAIRS_SETTINGS (a subset of the
-# settings: "2,0,0 0,2,2"), PAIRS_S, CALL_S and BENCH_ARGS
-# shorten 2 and 3.
+# A short call: SKIP_TESTS=1 leaves out step 1 (step 2 still checks the logits); ROUNDS, PAIRS_SETTINGS (a subset of
+# the settings, e.g. "2,0,0 0,2,2"), PAIRS_S, CALL_S and BENCH_ARGS shorten steps 2 and 3.
 set -u
 OUT="${OUT:-/tmp/session31-out}"; NAME="${NAME:-session31}"; COMMIT="${COMMIT:-unknown}"
 export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
