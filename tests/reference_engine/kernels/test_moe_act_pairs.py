@@ -13,7 +13,9 @@ Interpreter (one subprocess), bfloat16 x, 1 and 3 tokens, the routed experts wit
 - `X_PAIRS`: with the norm folded into the fused router, that launch writes the normed x as the gate/up kernel's pairs;
   the block output, normed row and residual are bit-equal to converting x (1 and 3 tokens, both decodes, with and
   without the activation pairs), and a router writing the other order is caught;
-- the setting is ignored (bfloat16 activation) where the half decode does not run: float32 x.
+- the setting is ignored (bfloat16 activation) where the half decode does not run: float32 x;
+- the tiny model's static decode at batch 1 through the Triton MoE block: every expert launch reads x pairs (or stores
+  the activation pairs) as set, the logits are bit-equal to both off, and the other order is caught at every setting.
 In process: the tuning keys `moe_act_pairs` and `moe_x_pairs` reach the module settings, and a bad pairs buffer is refused.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_interpreter import assert_script_ok, interpreter_run
+from kernel_interpreter import REPO, assert_script_ok, interpreter_run, run_script
 
 SCRIPT = r"""
 import torch
@@ -164,6 +166,72 @@ weights, ids = routing(1)
 assert torch.equal(block(x, weights, ids, 3, 1, 8), block(x, weights, ids, 3, 0, 8))
 print("ok")
 """
+
+
+# The tiny model (bfloat16, NVFP4 linears and experts), batch 1, static decode with the Triton MoE block (the norm folded
+# into the fused router) under the interpreter: with each setting, every MoE layer's `_launch` receives x pairs and/or
+# stores the activation pairs at every step, and the logits are the same bits as with both off. A known-wrong hand-over
+# (both producers writing the other order) must change them at every setting, so each hand-over is live.
+MODEL_SCRIPT = r"""
+import sys
+from dataclasses import replace
+sys.path.insert(0, TESTS_DIR)
+import torch
+import reference_engine.runner as runner
+import reference_engine.kernels.nvfp4_half_dot as half_dot
+from test_cuda_graphs import _decode_logits, _prompts
+from reference_engine.kernels import moe_decode, router
+from reference_engine.presets import build_preset
+
+original = runner.select_ops
+KERNELS = {"moe_block_decode": moe_decode.moe_block_decode, "moe_block_decode_add_norm": moe_decode.moe_block_decode_add_norm}
+
+def with_kernels(device, use_triton=True):
+    ops = original(device, use_triton=use_triton)
+    return replace(ops, **KERNELS, backends=ops.backends | {name: "triton" for name in KERNELS})
+
+runner.select_ops = with_kernels
+launches = []
+real_launch = moe_decode._launch
+def counted(*args, x_pairs=None, **kwargs):
+    launches.append((x_pairs is not None, moe_decode.ACT_PAIRS))
+    return real_launch(*args, x_pairs=x_pairs, **kwargs)
+moe_decode._launch = counted
+if WRONG:
+    real_pairs = half_dot._rows_half_pairs
+    half_dot._rows_half_pairs = lambda values, BN, ASM, FP8: real_pairs(values, BN, ASM, not FP8)
+
+router.ADD_NORM = True
+moe_decode.WORDS = 3
+model = build_preset("tiny", quantize="nvfp4", seed=7, dtype=torch.bfloat16)
+prompts = _prompts(1, model.config.vocab_size, seed=13)
+results = {}
+for setting in ((0, 0), (1, 0), (0, 2), (2, 1)):
+    moe_decode.X_PAIRS, moe_decode.ACT_PAIRS = setting
+    launches.clear()
+    tokens, logits, _ = _decode_logits(model, "static", prompts, steps=3, max_num_seqs=1)
+    assert len(logits) >= 2 and all(torch.isfinite(step).all() for step in logits)
+    assert launches, "the Triton MoE block never reached the expert kernels"
+    with_x = sum(1 for x_given, _ in launches if x_given)
+    assert with_x == (len(launches) if setting[0] else 0), (setting, with_x, len(launches))
+    assert all(act == setting[1] for _, act in launches)
+    results[setting] = logits
+    print(f"x pairs {setting[0]}, act pairs {setting[1]}: {len(launches)} expert launches, {with_x} read x pairs")
+same = {setting: all(torch.equal(a, b) for a, b in zip(results[(0, 0)], logits)) for setting, logits in results.items()}
+if WRONG:  # each setting on its own must be caught: x pairs alone (1, 0), activation pairs alone (0, 2)
+    assert not any(same[setting] for setting in results if setting != (0, 0)), same
+    print("wrong order caught at every setting")
+else:
+    assert all(same.values()), same
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["pairs", "wrong_order"])
+def test_static_decode_with_the_moe_pairs_gives_the_same_logits_under_the_interpreter(wrong):
+    output = run_script(f"TESTS_DIR = {str(REPO / 'tests' / 'reference_engine')!r}\nWRONG = {wrong!r}\n" + MODEL_SCRIPT, timeout=900)
+    print(output)
+    assert output.strip().endswith("ok"), output
 
 
 @pytest.fixture(scope="module")
