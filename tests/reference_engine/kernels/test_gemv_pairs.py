@@ -170,26 +170,17 @@ def test_paged_decode_writes_the_o_proj_pairs_under_the_interpreter():
 # known-wrong hand-over (the other order's pairs) must change the logits.
 MODEL_SCRIPT = r"""
 import sys
-from dataclasses import replace
 sys.path.insert(0, TESTS_DIR)
 import torch
-import reference_engine.runner as runner
+from runner_ops import use_kernels
 from test_cuda_graphs import _decode_logits, _prompts
 from reference_engine.kernels import gdn_decode_step, gemv_pairs, norms, nvfp4_gemv, paged_decode
 from reference_engine.presets import build_preset
 
-original = runner.select_ops
 KERNELS = {"rms_norm": norms.rms_norm, "fused_add_rms_norm": norms.fused_add_rms_norm,
            "w4a16_linear": nvfp4_gemv.w4a16_linear, "w4a16_linear_rows": nvfp4_gemv.w4a16_linear_rows,
            "gdn_decode_step": gdn_decode_step.gdn_decode_step, "paged_decode_gated": paged_decode.paged_decode_gated}
-
-
-def with_kernels(device, use_triton=True):
-    ops = original(device, use_triton=use_triton)
-    return replace(ops, **KERNELS, backends=ops.backends | {name: "triton" for name in KERNELS})
-
-
-runner.select_ops = with_kernels
+use_kernels(KERNELS)
 hits = []
 lookup = gemv_pairs.lookup
 

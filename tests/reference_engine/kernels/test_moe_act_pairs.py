@@ -174,23 +174,16 @@ print("ok")
 # (both producers writing the other order) must change them at every setting, so each hand-over is live.
 MODEL_SCRIPT = r"""
 import sys
-from dataclasses import replace
 sys.path.insert(0, TESTS_DIR)
 import torch
-import reference_engine.runner as runner
+from runner_ops import use_kernels
 import reference_engine.kernels.nvfp4_half_dot as half_dot
 from test_cuda_graphs import _decode_logits, _prompts
 from reference_engine.kernels import moe_decode, router
 from reference_engine.presets import build_preset
 
-original = runner.select_ops
 KERNELS = {"moe_block_decode": moe_decode.moe_block_decode, "moe_block_decode_add_norm": moe_decode.moe_block_decode_add_norm}
-
-def with_kernels(device, use_triton=True):
-    ops = original(device, use_triton=use_triton)
-    return replace(ops, **KERNELS, backends=ops.backends | {name: "triton" for name in KERNELS})
-
-runner.select_ops = with_kernels
+use_kernels(KERNELS)
 launches = []
 real_launch = moe_decode._launch
 def counted(*args, x_pairs=None, **kwargs):
