@@ -1,8 +1,9 @@
 """Compile every decode kernel for sm_90 ahead of time, without a GPU (Triton's bundled ptxas).
 
 Catches what the CPU interpreter cannot: code the GPU compiler rejects (layouts, dot shapes,
-bitcasts, constexpr use). Run from the repository root: `PYTHONPATH=. python benchmarks/kernels/compile_sm90.py [NAME-PART]`.
-Configurations are those the wrappers pick at the real decode shapes.
+bitcasts, constexpr use). Run from the repository root: `PYTHONPATH=. python benchmarks/kernels/compile_sm90.py [NAME-PART]
+[--sass]`. Configurations are those the wrappers pick at the real decode shapes. `--sass` adds each kernel's static count
+of sm_90 SASS instructions (the bundled `cuobjdump -sass` of the compiled cubin; loops counted once).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ PTX_REQUIRED = {"moe pairs fused": r"ld\.acquire\.gpu\.global", "moe block fused
 # An acquiring instruction in PTX: `atom.global.gpu.acq_rel.add`, `ld.acquire.gpu.global`, ...
 ACQUIRING_PTX = r"\b(atom|ld|red)\.[\w.]*\b(acquire|acq_rel)\b"
 I32 = "i32"
+SASS_LINE = r"^\s+/\*[0-9a-f]{4}\*/"  # an instruction line of `cuobjdump -sass`: its offset in a comment
 
 
 def configs():
@@ -211,8 +213,23 @@ def _registers(compiled) -> str:
     return f"  registers {registers.group(1)}, spill stores {spills.group(1) if spills else '?'} B" if registers else ""
 
 
+def _sass_count(compiled) -> str:
+    """", N SASS instructions" in the compiled cubin, counted from the bundled cuobjdump's listing."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    cuobjdump = Path(get_ptxas(90).path).with_name("cuobjdump")
+    with tempfile.TemporaryDirectory() as folder:
+        cubin = Path(folder) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        listing = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    count = len(re.findall(SASS_LINE, listing, flags=re.MULTILINE))
+    return f", {count} SASS instructions"
+
+
 def main() -> int:
-    only = sys.argv[1] if len(sys.argv) > 1 else ""  # a substring of the configurations' names: compile those alone
+    arguments = [argument for argument in sys.argv[1:] if argument != "--sass"]
+    sass = "--sass" in sys.argv[1:]
+    only = arguments[0] if arguments else ""  # a substring of the configurations' names: compile those alone
     failures = 0
     for name, kernel, signature, constants in configs():
         if only not in name:
@@ -231,7 +248,7 @@ def main() -> int:
             asked, kept = _acquires(compiled)
             if kept < asked:
                 raise AssertionError(f"{asked} acquiring atomics in the TTGIR, {kept} acquiring instructions in the PTX: one was dropped")
-            print(f"ok   {name:32s} {time.perf_counter() - start:5.1f} s  shared {shared} B  warps {compiled.metadata.num_warps}{_registers(compiled)}", flush=True)
+            print(f"ok   {name:32s} {time.perf_counter() - start:5.1f} s  shared {shared} B  warps {compiled.metadata.num_warps}{_registers(compiled)}{_sass_count(compiled) if sass else ''}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every kernel
             failures += 1
             print(f"FAIL {name}: {type(error).__name__}: {str(error)[:600]}", flush=True)
