@@ -41,8 +41,10 @@ BATCHES = (1, 8, 32, 64)  # the GDN step and the router are timed at each; the s
 # prefix from batch 1 where the new path wins
 
 
-def gdn_step_setup(batch: int):
-    """(call(index), pools, out, copies): the fused GDN decode step at the real head shapes on pool copy `index`."""
+def gdn_step_setup(batch: int, ba: str | None = None, ba_out: torch.Tensor | None = None):
+    """(call(index), pools, out, copies): the fused GDN decode step at the real head shapes on pool copy `index`. `ba`:
+    None, b and a given; "launch", b and a from the stacked b/a linear (64 x 2048 bf16, `dense_gemv.dense_linear`) run
+    before the step; "fold", the step computes them itself (`ba_from`). Both write b and a into `ba_out` [B, 64] bf16."""
     hk, hv, d, kernel = 16, 32, 128, 4
     channels = 2 * hk * d + hv * d
     copies = max(2, 48 // batch)  # state pools of 2 MiB per sequence: more bytes than the L2 holds in every graph
@@ -57,10 +59,20 @@ def gdn_step_setup(batch: int):
              for _ in range(copies)]  # fmt: skip
     slots, init = torch.arange(1, batch + 1, device="cuda"), torch.ones(batch, dtype=torch.bool, device="cuda")
     out = torch.empty(batch, hv * d, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(batch, 2048, device="cuda", generator=g).bfloat16()  # the layer's normed input, for `ba`
+    ba_weights = [(torch.randn(2 * hv, 2048, device="cuda", generator=g) * 2048**-0.5).bfloat16() for _ in range(copies)]
+    if ba is not None:
+        b, a = ba_out.split(hv, dim=1)
 
     def call(index):
         conv, rec = pools[index]
-        gdn_decode_step.gdn_decode_step(mixed, z, b, a, conv_weight, a_log, dt_bias, norm_weight, conv, rec, slots, init, out, 1e-6)
+        fold = {}
+        if ba == "launch":
+            dense_gemv.dense_linear(x, ba_weights[index], ba_out)
+        elif ba == "fold":
+            fold = {"ba_from": (x, ba_weights[index])}
+        gdn_decode_step.gdn_decode_step(mixed, z, b, a, conv_weight, a_log, dt_bias, norm_weight, conv, rec, slots, init, out, 1e-6, **fold)
+
 
     return call, pools, out, copies
 

@@ -37,6 +37,15 @@ interpreter the outputs and both states equal the two-launch form's bit for bit 
 first-ticket writer is caught); on the GPU the compiler contracts the state update differently, so the float32 states
 agree to rounding (run58). Measured on an H100 (run58): -8% at batch 1, +2 to 3% at batches 8 to 64; off.
 
+b/a fold (`ba_from`, the model's use up to `BA_FOLD_MAX_BATCH` sequences): a Gated DeltaNet layer's b and a come from
+`in_proj_b` and `in_proj_a`, two dense 2048 -> 32 linears (bf16 in the published checkpoints), which at batch 1 are a
+launch of their own (`dense_gemv`: 30 launches a step, 68 us of the H100's 2.42 ms eager step in run76). With `ba_from`
+the recurrent kernel's program for (row, head) computes the head's b and a itself: rows head and Hv + head of the
+stacked weight dotted with x[row] in float32, rounded to the model dtype, as `dense_gemv` computes them (the same
+[2, H] products reduced along the columns: bit for bit under the interpreter; the GPU's reduction tree may differ by
+the last float32 bit before the rounding). The split programs of a head each compute it (12 KB read from L2, against the
+16 KB of state each reads); part 0 stores b and a into the caller's tensors, which are outputs then.
+
 Differences from the torch op: conv outputs stay float32 (the torch op rounds them to the model
 dtype) and o enters the norm in float32 (the torch op rounds it first). Padding rows that share one
 scratch slot race on it; they read and write only inside that slot (no fault, results unspecified).
@@ -57,7 +66,7 @@ from reference_engine.kernels.launch import (
     staging_buffer,
     ticket_counters,
 )
-from reference_engine.kernels.norms import _store_pairs
+from reference_engine.kernels.norms import _round_to_bf16, _store_pairs
 from reference_engine.ops.linear_attention import L2_EPS, check_gdn_decode_step
 from reference_engine.ops.registry import satisfies
 
@@ -77,6 +86,50 @@ FUSED_CONV_MAX_BATCH = 0
 # `benchmarks/kernels/time_gdn_state_first.py` times it.
 STATE_FIRST = False
 QK_WRITER = -1  # which ticket stores the shared q/k conv state: -1 the last (correct); tests set 0 to show a wrong writer is caught
+# The b/a fold (module docstring): up to this many sequences the model hands the step its input and the stacked dense b/a
+# weight (`ba_from`) instead of running the b/a linear as a launch of its own (tuning key `gdn_step_ba_fold_max_batch`;
+# 0 off until `benchmarks/kernels/time_ba_fold.py` times it).
+BA_FOLD_MAX_BATCH = 0
+BA_FOLD_MAX_WIDTH = 8192  # the hidden size one program's [2, H] tile may take
+
+
+def folds_ba(batch: int) -> bool:
+    """True when a step of `batch` sequences computes b and a itself (`ba_from`)."""
+    return 1 <= batch <= BA_FOLD_MAX_BATCH
+
+
+def check_ba_from(ba_from, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, num_v_heads: int) -> None:
+    """`ba_from = (x [B, H], weight [2 Hv, H])`: x's rows of unit column stride, the weight contiguous (b rows then a rows),
+    both in mixed_qkv's dtype and on its device; b and a are then written, so neither may overlap the inputs."""
+    if not isinstance(ba_from, tuple) or len(ba_from) != 2 or not all(isinstance(t, torch.Tensor) for t in ba_from):
+        raise ValueError("ba_from must be a tuple (x [B, H], weight [2 * Hv, H])")
+    x, weight = ba_from
+    batch = mixed_qkv.shape[0]
+    if x.dim() != 2 or x.shape[0] != batch or x.stride(1) != 1:
+        raise ValueError(f"ba_from x must be [B={batch}, H] with unit column stride, got shape {tuple(x.shape)} strides {x.stride()}")
+    hidden = x.shape[1]
+    if not 1 <= hidden <= BA_FOLD_MAX_WIDTH:
+        raise ValueError(f"ba_from x must have 1 to {BA_FOLD_MAX_WIDTH} columns, got {hidden}")
+    if tuple(weight.shape) != (2 * num_v_heads, hidden) or not weight.is_contiguous():
+        raise ValueError(f"ba_from weight must be contiguous [2 * Hv={2 * num_v_heads}, H={hidden}], got {tuple(weight.shape)}")
+    for name, tensor in (("x", x), ("weight", weight)):
+        if tensor.dtype != mixed_qkv.dtype or tensor.device != mixed_qkv.device:
+            raise ValueError(f"ba_from {name} must be {mixed_qkv.dtype} on {mixed_qkv.device}, got {tensor.dtype} on {tensor.device}")
+    for name, written in (("b", b), ("a", a)):
+        for source in (x, weight):
+            if _overlaps(written, source):
+                raise ValueError(f"with ba_from, {name} is written and must not overlap the inputs")
+
+
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """[first byte, one past the last byte] that a tensor's elements may occupy."""
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())) if tensor.numel() else -1
+    return tensor.data_ptr(), tensor.data_ptr() + (last + 1) * tensor.element_size()
+
+
+def _overlaps(first: torch.Tensor, second: torch.Tensor) -> bool:
+    (start, stop), (other_start, other_stop) = _byte_span(first), _byte_span(second)
+    return start < other_stop and other_start < stop
 
 
 @triton.jit
@@ -121,6 +174,24 @@ def _conv_update_kernel(
 
 
 @triton.jit
+def _ba_dot(x_ptr, w_ptr, row, head, stride_xb, HV: tl.constexpr, H: tl.constexpr, BLOCK_H: tl.constexpr, BF16: tl.constexpr):
+    """(b, a) of (row, head) as the stacked b/a linear gives them: rows head and HV + head of `w [2 HV, H]` (b rows, then
+    a rows) dotted with x[row] in float32 and rounded to x's dtype, as `dense_gemv` computes a two-row block: the same
+    [2, BLOCK_H] products reduced along the columns."""
+    cols = tl.arange(0, BLOCK_H)
+    c_ok = cols < H
+    pick = tl.arange(0, 2)  # 0: b, 1: a
+    xv = tl.load(x_ptr + row * stride_xb + cols, mask=c_ok, other=0.0)
+    w = tl.load(w_ptr + (pick * HV + head)[:, None].to(tl.int64) * H + cols[None, :], mask=c_ok[None, :], other=0.0)
+    sums = tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], axis=1)  # [2]
+    if BF16:
+        sums = _round_to_bf16(sums)
+    else:
+        sums = sums.to(x_ptr.dtype.element_ty).to(tl.float32)
+    return tl.sum(tl.where(pick == 0, sums, 0.0), axis=0), tl.sum(tl.where(pick == 1, sums, 0.0), axis=0)
+
+
+@triton.jit
 def _gated_norm_store(o, dv, v_ok, row, head, z_ptr, norm_w_ptr, out_ptr, stride_zb, stride_zc, stride_ob, stride_oc, eps, DV: tl.constexpr,
                       pairs_ptr=None, HV: tl.constexpr = 1, PAIRS: tl.constexpr = False, BLOCK_DV: tl.constexpr = 2):
     """out[row, head * DV + dv] = w * o * rsqrt(mean(o^2) + eps) * silu(z) for a whole head's o [BLOCK] (zero where masked).
@@ -153,6 +224,8 @@ def _recurrent_norm_kernel(
     x_ptr=None, conv_w_ptr=None, conv_state_ptr=None, conv_counter_ptr=None, stride_xb=0, stride_xc=0, stride_cs=0, stride_cc=0, stride_ck=0,
     FUSED_CONV: tl.constexpr = False, KW: tl.constexpr = 4, BLOCK_KW: tl.constexpr = 4, QK_WRITER: tl.constexpr = -1,
     STATE_FIRST: tl.constexpr = False, pairs_ptr=None, PAIRS: tl.constexpr = False,
+    ba_x_ptr=None, ba_w_ptr=None, stride_bax=0, BA_DOT: tl.constexpr = False, BA_H: tl.constexpr = 1, BA_BLOCK: tl.constexpr = 1,
+    BA_BF16: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -197,8 +270,14 @@ def _recurrent_norm_kernel(
     q = q * tl.rsqrt(tl.sum(q * q, axis=0) + L2_EPS) * q_scale
     k = k * tl.rsqrt(tl.sum(k * k, axis=0) + L2_EPS)
 
-    a = tl.load(a_ptr + row * stride_ab + head * stride_ah).to(tl.float32)
-    b = tl.load(b_ptr + row * stride_bb + head * stride_bh).to(tl.float32)
+    if BA_DOT:  # b and a computed here from the layer's input (module docstring, "b/a fold") and written out by part 0
+        b, a = _ba_dot(ba_x_ptr, ba_w_ptr, row, head, stride_bax, HV, BA_H, BA_BLOCK, BA_BF16)
+        if part == 0:
+            tl.store(b_ptr + row * stride_bb + head * stride_bh, b.to(b_ptr.dtype.element_ty))
+            tl.store(a_ptr + row * stride_ab + head * stride_ah, a.to(a_ptr.dtype.element_ty))
+    else:
+        a = tl.load(a_ptr + row * stride_ab + head * stride_ah).to(tl.float32)
+        b = tl.load(b_ptr + row * stride_bb + head * stride_bh).to(tl.float32)
     x = a + tl.load(dt_bias_ptr + head).to(tl.float32)
     softplus = tl.where(x > 20.0, x, tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x))))  # torch's threshold 20
     decay = tl.exp(-tl.exp(tl.load(a_log_ptr + head).to(tl.float32)) * softplus)  # exp(g)
@@ -249,17 +328,24 @@ def gdn_decode_step(
     out: torch.Tensor,  # [B, Hv * Dv] model dtype
     eps: float,
     pairs_out: torch.Tensor | None = None,  # kernel only: int32 [B, 2, Hv * Dv / 2]
+    ba_from: tuple[torch.Tensor, torch.Tensor] | None = None,  # kernel only: (x [B, H], stacked b/a weight [2 * Hv, H])
 ) -> None:
     """One Gated DeltaNet decode token per sequence (see the module docstring); two launches (one with `FUSED_CONV`, or up to
     `FUSED_CONV_MAX_BATCH` sequences), capturable. `pairs_out` (optional): out again as the batch-1 GEMV's float16 pairs in
     both orders (plain, then E4M3: `gemv_pairs.pairs_buffer`), for out_proj (`kernels/gemv_pairs.py`); out must then be
-    contiguous bfloat16 with Dv a multiple of 16."""
+    contiguous bfloat16 with Dv a multiple of 16. `ba_from` (optional): the layer's input x and the stacked dense weight of
+    `in_proj_b` and `in_proj_a` (b rows, then a rows); the step computes b and a itself (module docstring, "b/a fold") and
+    writes them into `b` and `a`, which are then outputs."""
     dims = check_gdn_decode_step(
         mixed_qkv, z, b, a, conv_weight, A_log, dt_bias, norm_weight, conv_state, recurrent_state, state_slots, has_initial_state, out, eps
     )
+    if ba_from is not None:
+        check_ba_from(ba_from, mixed_qkv, b, a, dims.num_v_heads)
     require_launchable(mixed_qkv, z, b, a, conv_weight, A_log, dt_bias, norm_weight, conv_state, recurrent_state, state_slots, has_initial_state, out)
     if pairs_out is not None:
         gemv_pairs.check_pairs_out(pairs_out, out, dims.v_head_dim)
+    if ba_from is not None:
+        require_launchable(*ba_from)
     if dims.batch == 0:
         return
     init = has_initial_state.view(torch.uint8)  # same bytes, no copy
@@ -293,6 +379,10 @@ def gdn_decode_step(
             conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
             K=dims.kernel, BLOCK_C=CONV_BLOCK_C, BLOCK_K=next_power_of_2(dims.kernel), num_warps=CONV_WARPS,
         )  # fmt: skip
+    if ba_from is not None:  # b and a become outputs: part 0 of each (row, head) writes the rounded values
+        ba_x, ba_weight = ba_from
+        fused |= {"ba_x_ptr": ba_x, "ba_w_ptr": ba_weight, "stride_bax": ba_x.stride(0), "BA_DOT": True, "BA_H": ba_x.shape[1],
+                  "BA_BLOCK": next_power_of_2(ba_x.shape[1]), "BA_BF16": ba_x.dtype == torch.bfloat16}  # fmt: skip
     block_v = next_power_of_2(cdiv(dims.v_head_dim, split))
     _recurrent_norm_kernel[(dims.batch, dims.num_v_heads, split)](
         conv_out, z, b, a, A_log, dt_bias, norm_weight, recurrent_state, slots, init, buffer, o_parts, counters,

@@ -20,7 +20,7 @@ settings' `DOWN_SPLIT` is the programs a token's down slots are dealt over; `gdn
 decode head, `gdn_step_fused_conv` 1 the step in one launch (the conv inside the recurrent kernel;
 `benchmarks/kernels/time_gdn_fused_conv.py`) at every batch, `gdn_step_fused_conv_max_batch` up to that batch,
 `gdn_step_state_first` 1 its recurrent launch issuing the state tile's load first (`benchmarks/kernels/time_gdn_state_first.py`).
-`gdn_ba_side_max_batch` runs the GDN b/a projection on a side stream up to that decode batch (`kernels/side_stream.py`). `gemv_words` sets the word reads
+`gdn_ba_side_max_batch` runs the GDN b/a projection on a side stream up to that decode batch (`kernels/side_stream.py`). `gdn_step_ba_fold_max_batch`: up to that decode batch the GDN step computes b and a itself, with no b/a launch (`gdn_decode_step.py`, "b/a fold"; `benchmarks/kernels/time_ba_fold.py`). `gemv_words` sets the word reads
 for shapes without an entry; `gemv_tiled` 1 keeps tile-major copies of the batch-1 GEMVs' weights (`benchmarks/kernels/time_gemv_tiled.py`), `gemv_x_pairs` 1 or 2
 the kernels before the batch-1 GEMVs (the norm before each mixer, the GDN step, the paged decode) writing x as float16 pairs
 for them (`kernels/gemv_pairs.py`; 0 off), `moe_act_pairs` 1 or 2 the decode MoE's gate/up kernel storing the
@@ -189,6 +189,7 @@ class TuningFile(BaseModel):
     gdn_step_state_first: int | None = Field(default=None, ge=0, le=1)  # GDN decode step: the state tile's load issued first
     gdn_step_fused_conv_max_batch: int | None = Field(default=None, ge=0)  # ... up to this batch (0: never)
     gdn_ba_side_max_batch: int | None = Field(default=None, ge=0)  # GDN b/a projection on a side stream up to this batch (0: never)
+    gdn_step_ba_fold_max_batch: int | None = Field(default=None, ge=0)  # GDN decode step computing b/a itself up to this batch (0: never)
     fused_router_max_tokens: int | None = Field(default=None, ge=0)  # router logits + top-k in one launch up to this batch (0: never)
     dense_gemv_max_tokens: int | None = Field(default=None, ge=0)  # Triton dense GEMV up to this batch (0: always torch)
     router_rows: Literal[1, 2, 4, 8] | None = None  # fused router: logits rows per program
@@ -280,6 +281,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
                                 (tuning.gdn_step_fused_conv_max_batch, gdn_decode_step, "FUSED_CONV_MAX_BATCH"),
                                 (None if tuning.gdn_step_state_first is None else bool(tuning.gdn_step_state_first), gdn_decode_step, "STATE_FIRST"),
                                 (tuning.gdn_ba_side_max_batch, side_stream, "BA_MAX_BATCH"),
+                                (tuning.gdn_step_ba_fold_max_batch, gdn_decode_step, "BA_FOLD_MAX_BATCH"),
                                 (tuning.fused_router_max_tokens, router, "FUSED_ROUTER_MAX_TOKENS"),
                                 (tuning.dense_gemv_max_tokens, dense_gemv, "MAX_TOKENS"), (tuning.router_rows, router, "ROUTER_ROWS"),
                                 (tuning.router_warps, router, "ROUTER_WARPS"),

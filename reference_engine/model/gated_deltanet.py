@@ -82,6 +82,16 @@ class GatedDeltaNet:
             b, a = self.in_proj_b(x, ops), self.in_proj_a(x, ops)
         return mixed, z_flat, b, a
 
+    def _ba_fold_weight(self, ops, x: torch.Tensor) -> torch.Tensor | None:
+        """The stacked dense b/a weight when the graph decode's Triton GDN step computes b and a itself at this batch
+        (`gdn_decode_step.folds_ba`), else None (the b/a linear runs as its own launch)."""
+        stack = self.in_proj_ba
+        if ops.backends.get("gdn_decode_step") != "triton" or stack is None or stack.weight is None or stack.weight.dtype != x.dtype:
+            return None
+        from reference_engine.kernels import gdn_decode_step
+
+        return stack.weight if gdn_decode_step.folds_ba(x.shape[0]) and x.stride(1) == 1 else None
+
     def _initial_states(self, batch: ForwardBatch, caches: ModelCaches) -> tuple[torch.Tensor, torch.Tensor]:
         slots = batch.state_slots
         conv = caches.conv_state[self.layer_index][slots]  # [B, C, K-1]
@@ -95,15 +105,22 @@ class GatedDeltaNet:
         num_tokens = x.shape[0]
         ops = getattr(batch, "ops", None)  # static decode (CUDA graphs): the OpSet chosen by the runner
         if ops is not None and batch.is_decode:  # static decode (T = B): one fused op, both states updated in place at the slots
-            side = getattr(batch, "side", None)
-            side = side if side_stream.ba_on_side(side, num_tokens) else None
-            mixed, z_flat, b, a = self._projections(x, ops, side)  # [T, C], [T, Hv*Dv], [T, Hv], [T, Hv] (views)
+            ba_weight = self._ba_fold_weight(ops, x)
+            fold = {}
+            if ba_weight is not None:  # the step computes b and a from x itself: no b/a launch (kernels/gdn_decode_step.py)
+                mixed, z_flat = self.in_proj_qkvz(x, ops) if self.in_proj_qkvz is not None else (self.in_proj_qkv(x, ops), self.in_proj_z(x, ops))
+                b, a = torch.empty(num_tokens, 2 * self.num_v_heads, dtype=x.dtype, device=x.device).split(self.num_v_heads, dim=1)  # written by the step
+                fold = {"ba_from": (x, ba_weight)}
+            else:
+                side = getattr(batch, "side", None)
+                side = side if side_stream.ba_on_side(side, num_tokens) else None
+                mixed, z_flat, b, a = self._projections(x, ops, side)  # [T, C], [T, Hv*Dv], [T, Hv], [T, Hv] (views)
             core = torch.empty_like(z_flat, memory_format=torch.contiguous_format)  # [B, Hv * Dv]
             pairs = gemv_pairs_scope.pairs_for(ops, core, "gdn_decode_step", "w4a16_linear")  # batch 1: out_proj's x as float16 pairs
             ops.gdn_decode_step(
                 mixed, z_flat, b, a, self.conv_weight, self.A_log, self.dt_bias,
                 self.norm_weight, caches.conv_state[self.layer_index], caches.recurrent_state[self.layer_index],
-                batch.state_slots, batch.has_initial_state, out=core, eps=self.eps, **({} if pairs is None else {"pairs_out": pairs}),
+                batch.state_slots, batch.has_initial_state, out=core, eps=self.eps, **({} if pairs is None else {"pairs_out": pairs}), **fold,
             )  # fmt: skip
             with gemv_pairs_scope.given(core, pairs):
                 return self.out_proj(core, ops)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Thirty-second session, the first call (about 590 s). Usage:
+#   OUT=$OUT NAME=runNN COMMIT=<sha> bash benchmarks/gpu_session32.sh
+# As gpu_session31.sh (unrun), plus the GDN step's b/a fold: its CUDA test in step 1 and, before step 2,
+# `kernels/time_ba_fold.py --tuning` (writes `gdn_step_ba_fold_max_batch` into the device's tuning file; BA_S, default 90 s).
+# 1. CUDA tests: the committed small-batch MoE settings (run80's `moe_decode_small_batches`); the float16 pairs of the
+#    norms, the GDN step and the paged decode (for the batch-1 GEMVs), of the MoE gate/up kernel (for the down kernel)
+#    and of the fused router's norm (for the gate/up kernel), each against converting, at the real shapes.
+# 2. `kernels/time_float16_pairs.py --tuning`: the batch-1 decode graph with `gemv_x_pairs`, `moe_act_pairs` and
+#    `moe_x_pairs` set alone and together (logits must be equal); writes the three keys into the card's tuning file on the device, copied back as
+#    $OUT/$NAME-tuning.json, so the bench below runs what it chose. Copy the three keys into the repo's file by hand.
+# 3. The bench (`gpu_bench_tail.sh`; BENCH_ARGS default "--output-tokens 64 --no-peer").
+# A short call: SKIP_TESTS=1 leaves out step 1 (step 2 still checks the logits); ROUNDS, PAIRS_SETTINGS (a subset of
+# the settings, e.g. "2,0,0 0,2,2"), PAIRS_S, CALL_S and BENCH_ARGS shorten steps 2 and 3.
+set -u
+OUT="${OUT:-/tmp/session32-out}"; NAME="${NAME:-session32}"; COMMIT="${COMMIT:-unknown}"
+export PYTHONPATH="${PYTHONPATH:-}:." PYTHONUNBUFFERED=1
+echo "commit $COMMIT"; nvidia-smi --query-gpu=name --format=csv,noheader
+AUX="$OUT/aux"; mkdir -p "$AUX"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  timeout 150 python3 -m pytest -m cuda -q -p no:cacheprovider \
+    "tests/reference_engine/kernels/test_moe_block_decode.py::test_the_committed_small_batch_settings_match_the_torch_op_on_cuda" \
+    "tests/reference_engine/kernels/test_norms.py::test_norm_pairs_on_cuda" \
+    "tests/reference_engine/kernels/test_gemv_pairs.py::test_gdn_step_pairs_on_cuda_at_the_real_heads" \
+    "tests/reference_engine/kernels/test_gemv_pairs.py::test_paged_decode_pairs_on_cuda_at_the_real_heads" \
+    "tests/reference_engine/kernels/test_moe_act_pairs.py::test_act_pairs_are_bit_equal_on_cuda_at_the_real_shape" \
+    "tests/reference_engine/kernels/test_moe_act_pairs.py::test_x_pairs_from_the_fused_router_are_bit_equal_on_cuda_at_the_real_shape" \
+    "tests/reference_engine/kernels/test_gdn_ba_fold.py::test_the_fold_matches_the_b_a_launch_on_cuda_at_the_real_shape" > "$AUX/$NAME-pytest.log" 2>&1
+  echo "pytest rc=$?"; grep -E "passed|failed|FAILED" "$AUX/$NAME-pytest.log" | tail -n 3 | cut -c1-300; grep -E "^E " "$AUX/$NAME-pytest.log" | head -n 6 | cut -c1-300
+fi
+TUNED=reference_engine/kernels/tuned/nvidia-h200.json
+timeout "${BA_S:-90}" python3 benchmarks/kernels/time_ba_fold.py "$AUX/$NAME-ba-fold.json" --tuning "$TUNED" > "$AUX/$NAME-ba-fold.log" 2>&1
+echo "ba fold rc=$?"; tail -n 5 "$AUX/$NAME-ba-fold.log" | cut -c1-400
+timeout "${PAIRS_S:-200}" python3 benchmarks/kernels/time_float16_pairs.py "$AUX/$NAME-float16-pairs.json" --rounds "${ROUNDS:-2}" ${PAIRS_SETTINGS:+--settings "$PAIRS_SETTINGS"} --tuning "$TUNED" > "$AUX/$NAME-float16-pairs.log" 2>&1
+echo "float16 pairs rc=$?"; tail -n 4 "$AUX/$NAME-float16-pairs.log" | cut -c1-600
+cp "$TUNED" "$OUT/$NAME-tuning.json"
+CALL_S="${CALL_S:-585}"; BENCH_S="${BENCH_S:-420}"; BENCH_ARGS="${BENCH_ARGS:---output-tokens 64 --no-peer}"
+. benchmarks/gpu_bench_tail.sh
