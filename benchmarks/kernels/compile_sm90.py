@@ -140,6 +140,11 @@ def configs():
         yield f"gdn decode step fused conv pairs split={split}", gdn_decode_step._recurrent_norm_kernel, fused_sig | {"pairs_ptr": "*i32"}, {
             "HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 128 // split, "L2_EPS": 1e-6, "SPLIT": split, "BLOCK_DV": 128,
             "FUSED_CONV": True, "KW": 4, "BLOCK_KW": 4, "QK_WRITER": -1, "PAIRS": True}
+    for split in (1, 4):  # the step computing b and a itself (`ba_from`, the b/a fold), with the batch-1 graph's pairs
+        yield f"gdn decode step fused conv pairs ba fold split={split}", gdn_decode_step._recurrent_norm_kernel, fused_sig | {
+            "pairs_ptr": "*i32", "ba_x_ptr": "*bf16", "ba_w_ptr": "*bf16", "stride_bax": I32}, {
+            "HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 128 // split, "L2_EPS": 1e-6, "SPLIT": split, "BLOCK_DV": 128,
+            "FUSED_CONV": True, "KW": 4, "BLOCK_KW": 4, "QK_WRITER": -1, "PAIRS": True, "BA_DOT": True, "BA_H": 2048, "BA_BLOCK": 2048, "BA_BF16": True}
     yield "gdn decode", gdn_decode._gdn_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": "*bf16", "state_out_ptr": "*fp32", "q_scale": "fp32"}, {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 32, "EPS": 1e-6}
     for dtype, ieee in (("*bf16", False), ("*fp32", True)):
         yield f"paged split {dtype}", paged_decode._paged_split_kernel, {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "tables_ptr": "*i32", "lens_ptr": "*i32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "scale": "fp32", "MAX_BLOCKS": I32, "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BS": 16, "TOKENS_PER_SPLIT": 64, "BLOCK_T": 16, "BLOCK_G": 16, "BLOCK_D": 256, "IEEE": ieee}
