@@ -21,6 +21,13 @@ scales `[2I, H/16]`, tensor scales `[2]`; down `[H, I/2]`, `[H, I/16]`, `[]`, pa
 pointers, so the routed stack is never copied). The gate/up grid grows to T * (top_k + 1) pairs (a
 uniform branch per program picks the shared tensors) and the down kernel adds
 sigmoid(gate logit) * shared(x_t) to the same float32 sum: the block's output comes out of one kernel.
+Top-k in the experts' launch (`GATE_UP_TOPK_MAX_TOKENS`, `topk_in_experts`): the fused router's last step is a
+ticket (an atomic round trip) and then one program's top-k over the token's logits, a serial tail of the launch (the
+fused router took 6.7 us a layer against 2.04 us to read its 1 MB on an H100, run76 and run80). Instead the router
+launch writes the logits only (`router.router_gemv_logits`) and each routed gate/up program runs the router's own pick
+(`router._topk_pick`) over its token's logits row before it knows its expert; program (slot 0, row block 0) also writes
+the routing row (ids, weights, the shared slot) for the down kernel. The same code on the same logits: the same ids
+and weights, so the block's output is the same bits.
 `moe_block_decode` runs the whole block in three launches up to `FUSED_ROUTER_MAX_TOKENS` tokens (the router
 logits over `[E+1, H]`, routed rows and the shared expert's gate row, and the top-k in one kernel,
 `router.router_gemv_topk_with_shared`, which with `router.PREFETCH_EXPERTS` also starts a bulk L2 prefetch of the
@@ -53,6 +60,9 @@ from reference_engine.kernels.nvfp4_half_dot import (
     _store_rows_half_pairs,
 )
 from reference_engine.kernels.router import (
+    _shared_slot,
+    _topk_pick,
+    router_gemv_logits,
     router_gemv_topk_with_shared,
     router_topk_with_shared,
 )
@@ -164,8 +174,33 @@ def _routed_nvfp4_gate_up(
     LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0, X_PAIRS: tl.constexpr = 0,
 ):
     expert = tl.load(ids_ptr + pair).to(tl.int64)
+    return _expert_nvfp4_gate_up(expert, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE, X_PAIRS)
+
+
+@triton.jit
+def _expert_nvfp4_gate_up(
+    expert, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H: tl.constexpr, I: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0, X_PAIRS: tl.constexpr = 0,
+):
     gate_row = expert * 2 * I + rows  # row index in the [E * 2I, ...] view
     return _nvfp4_gate_up(w_ptr, scale_ptr, scale_2_ptr + expert * 2, gate_row, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE, X_PAIRS)
+
+
+@triton.jit
+def _topk_expert(logits_ptr, weights_ptr, ids_ptr, token, slot, row_block, E, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_TOPK: tl.constexpr):
+    """TOPK (module docstring, "top-k in the experts' launch"): the expert of routed slot `slot` of `token`, from the
+    token's router logits row [E + 1] (the router launch before wrote it) by the router's own pick (`router._topk_pick`);
+    program (slot 0, row block 0) also stores the token's routing row (ids and weights, the shared slot included) for
+    the down kernel."""
+    SLOTS: tl.constexpr = TOP_K + 1
+    logits_row = logits_ptr + token.to(tl.int64) * (E + 1)
+    ids, weights, keep = _topk_pick(logits_row, E, TOP_K, BLOCK_E, BLOCK_TOPK, False)
+    picks = tl.arange(0, BLOCK_TOPK)
+    if slot == 0 and row_block == 0:
+        tl.store(weights_ptr + token * SLOTS + picks, weights, mask=keep)
+        tl.store(ids_ptr + token * SLOTS + picks, ids, mask=keep)
+        _shared_slot(logits_row, weights_ptr + token * SLOTS, ids_ptr + token * SLOTS, E, TOP_K, True, False)
+    return tl.sum(tl.where(picks == slot, ids, 0), axis=0).to(tl.int64)
 
 
 @triton.jit
@@ -174,9 +209,11 @@ def _gate_up_kernel(
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
     ACT_PAIRS: tl.constexpr = False, X_PAIRS: tl.constexpr = 0,
+    logits_ptr=None, weights_ptr=None, E=0, BLOCK_E: tl.constexpr = 1, BLOCK_TOPK: tl.constexpr = 1, TOPK: tl.constexpr = False,
 ):
     _gate_up_program(tl.program_id(0), tl.program_id(1), x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H, I, TOP_K, WEIGHT_NVFP4, BLOCK_N,
-                     BLOCK_K, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED, LOOP, DECODE, False, ACT_PAIRS, X_PAIRS)  # fmt: skip
+                     BLOCK_K, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED, LOOP, DECODE, False, ACT_PAIRS, X_PAIRS,
+                     logits_ptr, weights_ptr, E, BLOCK_E, BLOCK_TOPK, TOPK)  # fmt: skip
 
 
 @triton.jit
@@ -185,13 +222,15 @@ def _gate_up_program(
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED: tl.constexpr, LOOP: tl.constexpr, DECODE: tl.constexpr,
     ROUND_BF16: tl.constexpr = False, ACT_PAIRS: tl.constexpr = False, X_PAIRS: tl.constexpr = 0,
+    logits_ptr=None, weights_ptr=None, E=0, BLOCK_E: tl.constexpr = 1, BLOCK_TOPK: tl.constexpr = 1, TOPK: tl.constexpr = False,
 ):
     """act[pair, rows] = silu(gate) * up for the pair p = t * SLOTS + j and gate rows row_block * BLOCK_N.. (module
     docstring, launch 1). ROUND_BF16: round the activation to bfloat16 in float32 first (the interpreter's store truncates).
     ACT_PAIRS (DECODE 3 to 6, BLOCK_N a multiple of 8): store it as the down kernel's float16 pairs instead, int32
     act[pair, rows / 2] in the order of this decode (`nvfp4_half_dot._store_rows_half_pairs`: the bfloat16 rounding, then
     the conversion every down program would repeat). X_PAIRS 1 or 2 (DECODE 3 to 6): x is given as those pairs
-    (`_nvfp4_rows_dot`)."""
+    (`_nvfp4_rows_dot`). TOPK (SHARED, NVFP4): a routed slot's expert comes from the router logits (`_topk_expert`),
+    not from `ids_ptr`, which the launch then writes with `weights_ptr`."""
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K  # slots per token; with SHARED the last one is the shared expert
     rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N)  # gate rows; up rows are I + rows
     row_ok = rows < I
@@ -204,6 +243,9 @@ def _gate_up_program(
         if SHARED:
             if pair % SLOTS == TOP_K:  # uniform per program: the shared expert's own tensors
                 gate, up = _nvfp4_gate_up(shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, rows.to(tl.int64), row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE, X_PAIRS)
+            elif TOPK:
+                expert = _topk_expert(logits_ptr, weights_ptr, ids_ptr, token, pair % SLOTS, row_block, E, TOP_K, BLOCK_E, BLOCK_TOPK)
+                gate, up = _expert_nvfp4_gate_up(expert, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE, X_PAIRS)
             else:
                 gate, up = _routed_nvfp4_gate_up(ids_ptr, pair, w_ptr, scale_ptr, scale_2_ptr, rows, row_ok, x_row, H, I, BLOCK_N, BLOCK_K, LOOP, DECODE, X_PAIRS)
         else:
@@ -325,6 +367,10 @@ ACT_PAIRS = 0  # bfloat16 x, half decode: 1 or 2, the gate/up kernel stores the 
 # read in `_half_rows_dot`'s load form 1 or 2 (tuning key `moe_act_pairs`; benchmarks/kernels/time_float16_pairs.py)
 X_PAIRS = 0  # the same for x: with the norm folded into the fused router (`router_add_norm`), that launch writes the normed
 # x as the gate/up kernel's float16 pairs, read in load form 1 or 2 (tuning key `moe_x_pairs`; time_float16_pairs.py)
+# Top-k in the experts' launch (module docstring; tuning key `moe_gate_up_topk_max_tokens`, timed by
+# benchmarks/kernels/time_gate_up_topk.py): up to this many tokens the fused router launch writes the logits only and every
+# routed gate/up program picks its own expert from them; 0 off until timed.
+GATE_UP_TOPK_MAX_TOKENS = 0
 DOWN_SPLIT = 1  # programs a token's down slots are dealt over (ticket-ordered sum); run22: no faster at 1 or 32 tokens, so off
 PERSISTENT = False  # one token: router, gate/up and down in one persistent launch (`moe_block_persistent`, its `PLAN`)
 BATCH_ONE: tuple[int, ...] | None = None  # (LOOP, GATE_UP_BLOCK_N, GATE_UP_BLOCK_K, DOWN_BLOCK_H, DOWN_BLOCK_I, WORDS[, DOWN_SPLIT]) for one token
@@ -346,10 +392,12 @@ def _settings(num_tokens: int) -> tuple[int, int, int, int, int, int, int]:
 
 def _launch(
     x, topk_weights, topk_ids, gate_up, gate_up_scale, gate_up_scale_2, down, down_scale, down_scale_2, intermediate, out, nvfp4: bool,
-    shared: SharedNvfp4Expert | None = None, x_pairs: torch.Tensor | None = None,
+    shared: SharedNvfp4Expert | None = None, x_pairs: torch.Tensor | None = None, logits: torch.Tensor | None = None,
 ) -> None:
     """Both kernels; with `shared` the routing rows are [T, top_k + 1] and the last slot is the shared expert. `x_pairs`:
-    x as float16 pairs in the order of this batch's decode (`x_pairs_order`), read instead of x with `X_PAIRS`."""
+    x as float16 pairs in the order of this batch's decode (`x_pairs_order`), read instead of x with `X_PAIRS`. `logits`
+    (with `shared`, NVFP4): the router's [T, E + 1] logits; the gate/up kernel picks the experts itself (`topk_in_experts`)
+    and writes `topk_ids` and `topk_weights` (contiguous) for the down kernel."""
     num_tokens, hidden = x.shape
     slots = topk_ids.shape[1]
     top_k = slots - 1 if shared is not None else slots
@@ -386,6 +434,12 @@ def _launch(
     x = x.contiguous()
     ids = topk_ids.contiguous()
     x_pairs_form = X_PAIRS if half and x_pairs is not None else 0
+    if logits is not None:  # the routing rows are this launch's outputs (`_topk_expert`)
+        if shared is None or not nvfp4 or not (topk_ids.is_contiguous() and topk_weights.is_contiguous()):
+            raise ValueError("the top-k in the experts' launch needs NVFP4 experts with the shared slot and contiguous routing rows")
+        num_experts = logits.shape[1] - 1
+        gate_up_shared |= {"logits_ptr": logits, "weights_ptr": topk_weights, "E": num_experts, "BLOCK_E": next_power_of_2(num_experts),
+                           "BLOCK_TOPK": next_power_of_2(top_k), "TOPK": True}  # fmt: skip
     _gate_up_kernel[(num_tokens * slots, cdiv(intermediate, block_n))](
         x_pairs if x_pairs_form else x.view(torch.int32) if half else x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=loop, DECODE=decode, ACT_PAIRS=bool(act_pairs),
@@ -559,14 +613,18 @@ def _block(x, router_weight, experts, shared, top_k, out, router_x=None, add_nor
         return
     topk_weights = torch.empty(num_tokens, top_k + 1, dtype=torch.float32, device=x.device)
     topk_ids = torch.empty(num_tokens, top_k + 1, dtype=torch.int32, device=x.device)
-    x_pairs = None
+    x_pairs = logits = None
     if num_tokens <= router.FUSED_ROUTER_MAX_TOKENS and x.is_contiguous() and router_weight.is_contiguous():
         prefetch = experts if router.PREFETCH_EXPERTS and not interpreting() else None  # selected experts into L2 (tuning)
         order = None if add_norm is None else x_pairs_order(num_tokens, x)  # the launch's norm also writes x as the experts' pairs
         if order is not None:
             x_pairs = torch.empty(num_tokens, x.shape[1] // 2, dtype=torch.int32, device=x.device)
-        router_gemv_topk_with_shared(x if add_norm is None else router_x, router_weight, topk_weights, topk_ids, top_k, prefetch=prefetch,
-                                     add_norm=add_norm, pairs_out=x_pairs, pairs_fp8=bool(order))  # fmt: skip
+        if topk_in_experts(num_tokens, x) and prefetch is None:  # the router launch writes logits only; gate/up picks the experts
+            logits = torch.empty(num_tokens, router_weight.shape[0], dtype=x.dtype, device=x.device)
+            router_gemv_logits(x if add_norm is None else router_x, router_weight, logits, add_norm=add_norm, pairs_out=x_pairs, pairs_fp8=bool(order))
+        else:
+            router_gemv_topk_with_shared(x if add_norm is None else router_x, router_weight, topk_weights, topk_ids, top_k, prefetch=prefetch,
+                                         add_norm=add_norm, pairs_out=x_pairs, pairs_fp8=bool(order))  # fmt: skip
     else:
         if add_norm is not None:  # `folds_norm` chose the fused router: its conditions are this branch's
             raise AssertionError("the norm was handed to a router launch that does not run")
@@ -583,19 +641,32 @@ def _block(x, router_weight, experts, shared, top_k, out, router_x=None, add_nor
         loop, block_n, block_k = _settings(num_tokens)[:3]
         moe_pairs_fused.fused_pairs_with_shared(x.contiguous(), topk_weights, topk_ids, StackedNvfp4Experts(*routed), shared_tensors, out, (loop, block_n, block_k))
         return
-    _launch(x, topk_weights, topk_ids, *routed, int(experts.gate_up_packed.shape[1]) // 2, out, nvfp4=True, shared=shared_tensors, x_pairs=x_pairs)
+    _launch(x, topk_weights, topk_ids, *routed, int(experts.gate_up_packed.shape[1]) // 2, out, nvfp4=True, shared=shared_tensors, x_pairs=x_pairs,
+            logits=logits)  # fmt: skip
+
+
+def _per_pair_experts(num_tokens: int, x: torch.Tensor) -> bool:
+    """True when `_block`'s experts at this batch run this module's two per-pair launches (`_launch`), not the persistent,
+    grouped or fused-pairs kernels."""
+    from reference_engine.kernels import moe_pairs_fused
+
+    return not (PERSISTENT and num_tokens == 1 or moe_grouped_half.runs(num_tokens, x.dtype)
+                or moe_grouped_decode.MIN_TOKENS is not None and num_tokens >= moe_grouped_decode.MIN_TOKENS or moe_pairs_fused.runs(num_tokens, x.dtype))  # fmt: skip
 
 
 def x_pairs_order(num_tokens: int, x: torch.Tensor) -> bool | None:
     """The order of the x pairs `_launch` would read at this batch: True for the E4M3 decode's, False for the plain one,
     None where it reads none (`X_PAIRS` off, no half decode, x not bfloat16, or the batch runs other kernels)."""
-    from reference_engine.kernels import moe_pairs_fused
-
-    if not X_PAIRS or x.dtype != torch.bfloat16 or PERSISTENT and num_tokens == 1 or moe_grouped_half.runs(num_tokens, x.dtype) \
-            or moe_grouped_decode.MIN_TOKENS is not None and num_tokens >= moe_grouped_decode.MIN_TOKENS or moe_pairs_fused.runs(num_tokens, x.dtype):
+    if not X_PAIRS or x.dtype != torch.bfloat16 or not _per_pair_experts(num_tokens, x):
         return None
     words = _settings(num_tokens)[5]
     return None if words not in (2, 3) else words == 3
+
+
+def topk_in_experts(num_tokens: int, x: torch.Tensor) -> bool:
+    """True when the fused router's launch at this batch writes logits only and the gate/up launch picks the experts
+    (up to `GATE_UP_TOPK_MAX_TOKENS` tokens; module docstring, "top-k in the experts' launch")."""
+    return 1 <= num_tokens <= min(GATE_UP_TOPK_MAX_TOKENS, router.FUSED_ROUTER_MAX_TOKENS) and _per_pair_experts(num_tokens, x)
 
 
 def _contiguous_experts(x, experts: StackedNvfp4Experts, shared: SharedNvfp4Expert) -> tuple[list[torch.Tensor], SharedNvfp4Expert]:

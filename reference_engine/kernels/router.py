@@ -200,16 +200,20 @@ def _add_norm_row(x_row, residual_row, norm_w_ptr, normed_row, residual_out_row,
 @triton.jit
 def _router_logits_ticket(block, token, x_ptr, w_ptr, logits_ptr, counter_ptr, E, H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
                           residual_ptr, norm_w_ptr, normed_ptr, residual_out_ptr, eps, ADD_NORM: tl.constexpr, BF16: tl.constexpr,
-                          NORM_WRITER: tl.constexpr, pairs_ptr=None, PAIRS: tl.constexpr = 0, ASM: tl.constexpr = False):
+                          NORM_WRITER: tl.constexpr, pairs_ptr=None, PAIRS: tl.constexpr = 0, ASM: tl.constexpr = False,
+                          TICKET: tl.constexpr = True):
     """One program of the fused router up to its ticket: token `token`'s logits rows block*BLOCK_R.. (with ADD_NORM of
     the normed x, which program NORM_WRITER stores with the sum), then a ticket from the token's counter; returns it.
-    The program drawing ROW_BLOCKS - 1 sees every row block's logits (acquire) and does the top-k."""
+    The program drawing ROW_BLOCKS - 1 sees every row block's logits (acquire) and does the top-k. Without TICKET (the
+    logits-only launch) it returns 0 after its stores."""
     if ADD_NORM:
         xv = _add_norm_row(x_ptr + token * H, residual_ptr + token * H, norm_w_ptr, normed_ptr + token * H, residual_out_ptr + token * H,
                            eps, block == NORM_WRITER, H, BLOCK_H, BF16, pairs_ptr, token, PAIRS, ASM)  # fmt: skip
         _router_logits_rows_of(xv, w_ptr, logits_ptr + token * (E + 1), block, E, H, BLOCK_R, BLOCK_H)
     else:
         _router_logits_rows(x_ptr + token * H, w_ptr, logits_ptr + token * (E + 1), block, E, H, BLOCK_R, BLOCK_H)
+    if not TICKET:
+        return 0
     tl.debug_barrier()  # every thread's logits are stored before the ticket is taken (release, GPU scope)
     return tl.atomic_add(counter_ptr + token, 1, sem="acq_rel", scope="gpu")
 
@@ -223,17 +227,19 @@ def _router_gemv_topk_kernel(
     CHUNK: tl.constexpr = 65536, NCH_GU: tl.constexpr = 1, NCH_GUS: tl.constexpr = 1, NCH_D: tl.constexpr = 1, NCH_DS: tl.constexpr = 1,
     residual_ptr=None, norm_w_ptr=None, normed_ptr=None, residual_out_ptr=None, eps=1e-6, ADD_NORM: tl.constexpr = False,
     BF16: tl.constexpr = False, NORM_WRITER: tl.constexpr = 0, pairs_ptr=None, PAIRS: tl.constexpr = 0, ASM: tl.constexpr = False,
+    TOPK: tl.constexpr = True,
 ):
     """Router logits and the top-k with the shared slot in one launch. Grid (ROW_BLOCKS, T): program (r, t)
     computes logits rows r*BLOCK_R.. of token t (float32 sums over H, rounded to x's dtype as F.linear
     returns them) into `logits [T, E+1]`, then takes a ticket from the token's counter; the program that
     draws the last one runs `_topk_row` over the finished row and puts the counter back to zero. ADD_NORM: x is the
     un-normed input; each program normalises the token's row itself (module docstring), program NORM_WRITER stores it
-    (and with PAIRS its float16 pairs, `_add_norm_row`)."""
+    (and with PAIRS its float16 pairs, `_add_norm_row`). Without TOPK the launch writes the logits (and the norm) only:
+    no ticket, no top-k (`router_gemv_logits`)."""
     token = tl.program_id(1).to(tl.int64)
     ticket = _router_logits_ticket(tl.program_id(0), token, x_ptr, w_ptr, logits_ptr, counter_ptr, E, H, BLOCK_R, BLOCK_H, residual_ptr, norm_w_ptr,
-                                   normed_ptr, residual_out_ptr, eps, ADD_NORM, BF16, NORM_WRITER, pairs_ptr, PAIRS, ASM)  # fmt: skip
-    if ticket == ROW_BLOCKS - 1:
+                                   normed_ptr, residual_out_ptr, eps, ADD_NORM, BF16, NORM_WRITER, pairs_ptr, PAIRS, ASM, TOPK)  # fmt: skip
+    if TOPK and ticket == ROW_BLOCKS - 1:
         ROW: tl.constexpr = TOP_K + 1
         ids, id_ok = _topk_row(logits_ptr + token * (E + 1), weights_ptr + token * ROW, ids_ptr + token * ROW, E, TOP_K, BLOCK_E, BLOCK_K, True, True)
         tl.store(counter_ptr + token, 0)
@@ -329,6 +335,28 @@ def router_gemv_topk_with_shared(
     it stores those chunks' (address, bytes) there instead (the interpreter cannot run the PTX). With `add_norm` the
     logits are those of add_norm's normed x, which this launch writes to `add_norm.out` (and the sum to `residual_out`),
     and with `pairs_out` also as the float16 pairs the MoE gate/up kernel can read instead of converting x."""
+    logits = torch.empty(x.shape[0], router_weight.shape[0], dtype=x.dtype, device=x.device)
+    _fused_launch(x, router_weight, logits, (topk_weights, topk_ids, top_k), prefetch, record, add_norm, pairs_out, pairs_fp8)
+
+
+def router_gemv_logits(
+    x: torch.Tensor,  # [T, H]
+    router_weight: torch.Tensor,  # [E+1, H]
+    logits: torch.Tensor,  # [T, E+1] in x's dtype, contiguous: written
+    add_norm: AddNorm | None = None,
+    pairs_out: torch.Tensor | None = None,
+    pairs_fp8: bool = False,
+) -> None:
+    """The fused launch without its ticket and top-k: `logits = F.linear(x, router_weight)` rounded to x's dtype (with
+    `add_norm` and `pairs_out` as in `router_gemv_topk_with_shared`); the MoE gate/up launch then picks the experts
+    (`moe_decode.GATE_UP_TOPK`)."""
+    if logits.shape != (x.shape[0], router_weight.shape[0]) or logits.dtype != x.dtype or not logits.is_contiguous():
+        raise ValueError(f"logits must be contiguous {x.dtype} [{x.shape[0]}, {router_weight.shape[0]}], got {logits.dtype} {tuple(logits.shape)}")
+    _fused_launch(x, router_weight, logits, None, None, None, add_norm, pairs_out, pairs_fp8)
+
+
+def _fused_launch(x, router_weight, logits, topk, prefetch, record, add_norm, pairs_out, pairs_fp8) -> None:
+    """The fused router launch; `topk` (weights, ids, top_k) or None for the logits-only form."""
     num_tokens, hidden = x.shape
     num_experts = router_weight.shape[0] - 1
     if add_norm is not None:
@@ -341,7 +369,6 @@ def router_gemv_topk_with_shared(
         check_pairs_out(pairs_out, add_norm.out, hidden, both=False)
     if num_tokens == 0:
         return
-    logits = torch.empty(num_tokens, num_experts + 1, dtype=x.dtype, device=x.device)
     row_blocks = cdiv(num_experts + 1, ROUTER_ROWS)
     extra = {}
     spans = expert_prefetch_spans(prefetch) if prefetch is not None else None
@@ -361,11 +388,15 @@ def router_gemv_topk_with_shared(
         }  # fmt: skip
         if pairs_out is not None:
             extra |= {"pairs_ptr": pairs_out, "PAIRS": 2 if pairs_fp8 else 1, "ASM": not interpreting()}
+    if topk is None:  # logits only: the routing outputs and the counters are not touched
+        topk_weights, topk_ids, top_k, counters = logits, logits, 1, logits
+    else:
+        (topk_weights, topk_ids, top_k), counters = topk, ticket_counters(x.device, num_tokens)
     _router_gemv_topk_kernel[(row_blocks, num_tokens)](
-        x, router_weight, logits, ticket_counters(x.device, num_tokens), topk_weights, topk_ids, num_experts, hidden,
+        x, router_weight, logits, counters, topk_weights, topk_ids, num_experts, hidden,
         TOP_K=top_k, BLOCK_E=next_power_of_2(num_experts), BLOCK_K=next_power_of_2(top_k),
         BLOCK_R=ROUTER_ROWS, BLOCK_H=min(ROUTER_BLOCK_H, next_power_of_2(hidden)), ROW_BLOCKS=row_blocks, num_warps=ROUTER_WARPS,
-        **extra,
+        TOPK=topk is not None, **extra,
     )
 
 
