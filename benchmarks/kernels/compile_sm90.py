@@ -98,6 +98,12 @@ def configs():
                 "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 8, "BLOCK_K": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "ACT_PAIRS": True, "X_PAIRS": pairs}
             yield f"moe down act pairs={pairs} decode={decode}", moe_decode._down_kernel, down_sig | shared_sig, {
                 "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": 8, "BLOCK_I": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "X_PAIRS": pairs}
+    for act_pairs in (False, True):  # the top-k in the experts' launch (`moe_decode.GATE_UP_TOPK_MAX_TOKENS`), E4M3 decode
+        yield f"moe gate_up topk act pairs={act_pairs}", moe_decode._gate_up_kernel, {
+            "x_ptr": "*i32", "ids_ptr": "*i32", "w_ptr": "*i64", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "act_ptr": "*i32" if act_pairs else "*bf16",
+            "logits_ptr": "*bf16", "weights_ptr": "*fp32", "E": I32} | shared_sig, {
+            "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_N": 8, "BLOCK_K": 256, "SHARED": True, "LOOP": 3, "DECODE": 5,
+            "ACT_PAIRS": act_pairs, "BLOCK_E": 256, "BLOCK_TOPK": 8, "TOPK": True}  # fmt: skip
     for split, decode in ((9, 3), (3, 2)):  # the down slots dealt over programs, ticket-ordered sum
         yield f"moe down half split={split} decode={decode}", moe_decode._down_kernel, down_sig | shared_sig | {"workspace_ptr": "*fp32", "counter_ptr": "*i32"}, {
             "H": 2048, "I": 512, "TOP_K": 8, "WEIGHT_NVFP4": True, "BLOCK_H": 8, "BLOCK_I": 256, "SHARED": True, "LOOP": 3, "DECODE": decode, "SPLIT": split}
@@ -123,6 +129,10 @@ def configs():
         yield f"router add_norm pairs={pairs}", router._router_gemv_topk_kernel, add_norm_sig | ({"pairs_ptr": "*i32"} if pairs else {}), {
             "H": 2048, "TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8, "BLOCK_R": router.ROUTER_ROWS, "BLOCK_H": 2048, "ROW_BLOCKS": -(-257 // router.ROUTER_ROWS),
             "ADD_NORM": True, "BF16": True, "PAIRS": pairs, "ASM": True, "num_warps": router.ROUTER_WARPS}
+    for pairs in (0, 2):  # the logits-only launch (no ticket, no top-k) for the top-k in the experts' launch
+        yield f"router add_norm logits only pairs={pairs}", router._router_gemv_topk_kernel, add_norm_sig | ({"pairs_ptr": "*i32"} if pairs else {}), {
+            "H": 2048, "TOP_K": 1, "BLOCK_E": 256, "BLOCK_K": 1, "BLOCK_R": router.ROUTER_ROWS, "BLOCK_H": 2048, "ROW_BLOCKS": -(-257 // router.ROUTER_ROWS),
+            "ADD_NORM": True, "BF16": True, "PAIRS": pairs, "ASM": True, "TOPK": False, "num_warps": router.ROUTER_WARPS}  # fmt: skip
     yield "router", router._router_topk_kernel, {"logits_ptr": "*bf16", "weights_ptr": "*fp32", "ids_ptr": "*i32", "E": I32, "stride_t": I32}, {"TOP_K": 8, "BLOCK_E": 256, "BLOCK_K": 8}
     step_sig = {"conv_out_ptr": "*fp32", "z_ptr": "*bf16", "b_ptr": "*bf16", "a_ptr": "*bf16", "a_log_ptr": "*fp32", "dt_bias_ptr": "*fp32", "norm_w_ptr": "*bf16",
                 "state_ptr": "*fp32", "slots_ptr": "*i64", "init_ptr": "*u8", "out_ptr": "*bf16", "o_ptr": "*fp32", "counter_ptr": "*i32",
