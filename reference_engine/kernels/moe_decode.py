@@ -23,7 +23,8 @@ uniform branch per program picks the shared tensors) and the down kernel adds
 sigmoid(gate logit) * shared(x_t) to the same float32 sum: the block's output comes out of one kernel.
 Top-k in the experts' launch (`GATE_UP_TOPK_MAX_TOKENS`, `topk_in_experts`): the fused router's last step is a
 ticket (an atomic round trip) and then one program's top-k over the token's logits, a serial tail of the launch (the
-fused router took 6.7 us a layer against 2.04 us to read its 1 MB on an H100, run76 and run80). Instead the router
+fused router took 6.7 us a layer on an H100 in run76; a launch that only reads its 1 MB took 2.04 us on an H200 in
+run80). Instead the router
 launch writes the logits only (`router.router_gemv_logits`) and each routed gate/up program runs the router's own pick
 (`router._topk_pick`) over its token's logits row before it knows its expert; program (slot 0, row block 0) also writes
 the routing row (ids, weights, the shared slot) for the down kernel. The same code on the same logits: the same ids
@@ -368,7 +369,7 @@ ACT_PAIRS = 0  # bfloat16 x, half decode: 1 or 2, the gate/up kernel stores the 
 X_PAIRS = 0  # the same for x: with the norm folded into the fused router (`router_add_norm`), that launch writes the normed
 # x as the gate/up kernel's float16 pairs, read in load form 1 or 2 (tuning key `moe_x_pairs`; time_float16_pairs.py)
 # Top-k in the experts' launch (module docstring; tuning key `moe_gate_up_topk_max_tokens`, timed by
-# benchmarks/kernels/time_gate_up_topk.py): up to this many tokens the fused router launch writes the logits only and every
+# benchmarks/kernels/time_launch_folds.py): up to this many tokens the fused router launch writes the logits only and every
 # routed gate/up program picks its own expert from them; 0 off until timed.
 GATE_UP_TOPK_MAX_TOKENS = 0
 DOWN_SPLIT = 1  # programs a token's down slots are dealt over (ticket-ordered sum); run22: no faster at 1 or 32 tokens, so off
