@@ -22,6 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from reference_engine.kernels import (
+    attention_prep,
     causal_conv1d,
     dense_gemv,
     gdn_decode,
@@ -50,7 +51,26 @@ I32 = "i32"
 SASS_LINE = r"^\s+/\*[0-9a-f]{4}\*/"  # an instruction line of `cuobjdump -sass`: its offset in a comment
 
 
+# The batch-1 decode graph's kernels (configurations named so), compiled again with programmatic dependent launch
+# (`kernels/pdl.py`, PDL 1 and 2): their PTX must hold the wait and the release.
+PDL_KERNELS = ("w4a16 half tiled x_pairs=2 fp8=True", "moe gate_up x pairs=2 decode=5", "moe down act pairs=2 decode=5", "moe gate_up topk act pairs=True",
+               "dense gemv", "router add_norm pairs=2", "router add_norm logits only pairs=2", "router", "gdn decode step fused conv pairs split=4",
+               "gdn decode step fused conv pairs ba fold split=4", "paged split *bf16", "paged combine gated pairs", "norm mode 1 pairs=3", "attention prep")
+PDL_PTX = (r"griddepcontrol\.wait", r"griddepcontrol\.launch_dependents")
+PDL_RELEASE_BY_ENDING = ("dense gemv pdl=2", "router pdl=2")  # kernels this small have no release of their own in PDL 2
+
+
 def configs():
+    """Every configuration, then the batch-1 graph's kernels again with PDL 1 and 2."""
+    listed = list(base_configs())
+    yield from listed
+    for name, kernel, signature, constants in listed:
+        if name in PDL_KERNELS:
+            for mode in (1, 2):
+                yield f"{name} pdl={mode}", kernel, signature, dict(constants) | {"PDL": mode}
+
+
+def base_configs():
     gemv_sig = {"x_ptr": "*bf16", "packed_ptr": "*u8", "scale_ptr": "*fp8e4nv", "scale_2_ptr": "*fp32", "out_ptr": "*bf16", "M": I32, "N": I32, "K_BYTES": I32, "stride_xm": I32, "stride_om": I32}
     for tokens, rows, k_bytes in ((1, 8192, 1024), (32, 2048, 2048), (1, 512, 1024)):
         block_m, block_n, block_kb, split_k = nvfp4_gemv.plan(tokens, rows, k_bytes, 132)
@@ -158,6 +178,10 @@ def configs():
     yield "gdn decode", gdn_decode._gdn_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*fp32", "state_ptr": "*fp32", "out_ptr": "*bf16", "state_out_ptr": "*fp32", "q_scale": "fp32"}, {"HK": 16, "HV": 32, "DK": 128, "DV": 128, "BLOCK_K": 128, "BLOCK_V": 32, "EPS": 1e-6}
     for dtype, ieee in (("*bf16", False), ("*fp32", True)):
         yield f"paged split {dtype}", paged_decode._paged_split_kernel, {"q_ptr": dtype, "k_ptr": dtype, "v_ptr": dtype, "tables_ptr": "*i32", "lens_ptr": "*i32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "scale": "fp32", "MAX_BLOCKS": I32, "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BS": 16, "TOKENS_PER_SPLIT": 64, "BLOCK_T": 16, "BLOCK_G": 16, "BLOCK_D": 256, "IEEE": ieee}
+    yield "attention prep", attention_prep._attention_prep_kernel, {
+        "q_gate_ptr": "*bf16", "key_ptr": "*bf16", "value_ptr": "*bf16", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16", "positions_ptr": "*i64",
+        "inv_freq_ptr": "*fp64", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "slots_ptr": "*i64", "query_out_ptr": "*bf16",
+        "stride_qg": I32, "stride_k": I32, "stride_v": I32, "eps": "fp32"}, {"HQ": 16, "HKV": 2, "D": 256, "ROTARY": 64, "BLOCK_D": 256}  # fmt: skip
     yield "paged combine", paged_decode._combine_kernel, {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "out_ptr": "*bf16", "SPLITS": I32}, {"HQ": 16, "HKV": 2, "D": 256, "BLOCK_S": 64, "BLOCK_G": 16, "BLOCK_D": 256}
     yield "paged combine gated pairs", paged_decode._combine_kernel, {"part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "out_ptr": "*bf16", "gate_ptr": "*bf16",
         "stride_gate": I32, "SPLITS": I32, "pairs_ptr": "*i32"}, {"HQ": 16, "HKV": 2, "D": 256, "BLOCK_S": 64, "BLOCK_G": 16, "BLOCK_D": 256, "GATED": True, "PAIRS": True}  # fmt: skip
@@ -258,6 +282,9 @@ def main() -> int:
             compiled = triton.compile(ASTSource(kernel, full, constexprs=constants), target=TARGET, options=options)
             shared = compiled.metadata.shared
             missing = [pattern for part, pattern in PTX_REQUIRED.items() if part in name and not re.search(pattern, compiled.asm["ptx"])]
+            if " pdl=" in name:  # the wait and the release
+                wanted = PDL_PTX[:1] if name in PDL_RELEASE_BY_ENDING else PDL_PTX
+                missing += [pattern for pattern in wanted if not re.search(pattern, compiled.asm["ptx"])]
             if missing:
                 raise AssertionError(f"PTX lacks {missing}")
             asked, kept = _acquires(compiled)

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from reference_engine.kernels import pdl
 from reference_engine.kernels.launch import (
     finish,
     next_power_of_2,
@@ -43,8 +44,9 @@ def _attention_prep_kernel(
     q_gate_ptr, key_ptr, value_ptr, q_norm_ptr, k_norm_ptr, positions_ptr, inv_freq_ptr,
     k_cache_ptr, v_cache_ptr, slots_ptr, query_out_ptr,
     stride_qg, stride_k, stride_v, eps,
-    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROTARY: tl.constexpr, BLOCK_D: tl.constexpr,
+    HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, ROTARY: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = 0,
 ):
+    pdl.pdl_wait(PDL)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     dims = tl.arange(0, BLOCK_D)
@@ -72,6 +74,7 @@ def _attention_prep_kernel(
     cos, sin = tl.cos(angle), tl.sin(angle)
     rotated = tl.where(dims < HALF, normed * cos - normed_partner * sin, normed * cos + normed_partner * sin)
     result = tl.where(dims < ROTARY, rotated, normed)
+    pdl.pdl_release(PDL)
     if is_query:
         tl.store(query_out_ptr + (token * HQ + head) * D + dims, result.to(query_out_ptr.dtype.element_ty), mask=dim_ok)
     else:
@@ -117,7 +120,7 @@ def attention_decode_prep(
         q_gate, key, value, q_norm, k_norm, positions, inverse_frequencies(q_gate.device, rotary_dim, theta),
         k_target, v_target, slot_mapping, target,
         q_gate.stride(0), key.stride(0), value.stride(0), float(eps),
-        HQ=heads, HKV=kv_heads, D=head_dim, ROTARY=rotary_dim, BLOCK_D=next_power_of_2(head_dim),
+        HQ=heads, HKV=kv_heads, D=head_dim, ROTARY=rotary_dim, BLOCK_D=next_power_of_2(head_dim), **pdl.launch_args(),
     )
     if target is not buffer:
         buffer.copy_(target)

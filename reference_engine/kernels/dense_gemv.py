@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from reference_engine.kernels import pdl
 from reference_engine.kernels.launch import (
     cdiv,
     finish,
@@ -28,7 +29,9 @@ MAX_BLOCK_K = 2048
 
 
 @triton.jit
-def _dense_gemv_kernel(x_ptr, w_ptr, out_ptr, N, K: tl.constexpr, stride_xm, stride_om, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _dense_gemv_kernel(x_ptr, w_ptr, out_ptr, N, K: tl.constexpr, stride_xm, stride_om, TOKENS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       PDL: tl.constexpr = 0):
+    pdl.pdl_wait(PDL)  # a kernel this small releases the next one only by ending
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     cols = tl.arange(0, BLOCK_K)
@@ -54,7 +57,7 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> to
     buffer = staging_buffer(out)  # float32 under the interpreter (it truncates to bf16)
     _dense_gemv_kernel[(cdiv(weight.shape[0], BLOCK_N),)](
         x, weight, buffer, weight.shape[0], k, x.stride(0), buffer.stride(0),
-        TOKENS=tokens, BLOCK_N=BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, next_power_of_2(k)),
+        TOKENS=tokens, BLOCK_N=BLOCK_N, BLOCK_K=min(MAX_BLOCK_K, next_power_of_2(k)), **pdl.launch_args(),
     )
     finish(buffer, out)
     return out

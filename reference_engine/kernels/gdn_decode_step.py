@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels import gemv_pairs
+from reference_engine.kernels import gemv_pairs, pdl
 from reference_engine.kernels.launch import (
     cdiv,
     finish,
@@ -160,8 +160,9 @@ def _store_shifted(state_ptr, window, state_offsets, c_ok, K: tl.constexpr, BLOC
 def _conv_update_kernel(
     x_ptr, w_ptr, state_ptr, slots_ptr, init_ptr, conv_out_ptr,
     C, stride_xb, stride_xc, stride_ss, stride_sc, stride_sk,
-    K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    K: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = 0,
 ):
+    pdl.pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     chans = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)  # [BC]
     c_ok = chans < C
@@ -169,6 +170,7 @@ def _conv_update_kernel(
     has_state = tl.load(init_ptr + row) != 0
     y, window, state_offsets = _conv_window(x_ptr, w_ptr, state_ptr, row, slot, has_state, chans, c_ok, stride_xb, stride_xc,
                                             stride_ss, stride_sc, stride_sk, K, BLOCK_K)  # fmt: skip
+    pdl.pdl_release(PDL)
     tl.store(conv_out_ptr + row * C + chans, y, mask=c_ok)
     _store_shifted(state_ptr, window, state_offsets, c_ok, K, BLOCK_K)
 
@@ -225,8 +227,9 @@ def _recurrent_norm_kernel(
     FUSED_CONV: tl.constexpr = False, KW: tl.constexpr = 4, BLOCK_KW: tl.constexpr = 4, QK_WRITER: tl.constexpr = -1,
     STATE_FIRST: tl.constexpr = False, pairs_ptr=None, PAIRS: tl.constexpr = False,
     ba_x_ptr=None, ba_w_ptr=None, stride_bax=0, BA_DOT: tl.constexpr = False, BA_H: tl.constexpr = 1, BA_BLOCK: tl.constexpr = 1,
-    BA_BF16: tl.constexpr = False,
+    BA_BF16: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):
+    pdl.pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     part = tl.program_id(2)  # value columns part * BLOCK_V.. of the head (SPLIT > 1)
@@ -294,6 +297,7 @@ def _recurrent_norm_kernel(
     s = s + k[:, None] * delta[None, :]
     tl.store(state_ptr + offsets, s, mask=mask)
     o = tl.sum(s * q[:, None], axis=0)  # [BV] float32, zero in masked columns
+    pdl.pdl_release(PDL)
 
     if SPLIT == 1:
         _gated_norm_store(o, dv, v_ok, row, head, z_ptr, norm_w_ptr, out_ptr, stride_zb, stride_zc, stride_ob, stride_oc, eps, DV, pairs_ptr, HV, PAIRS, BLOCK_DV)
@@ -377,7 +381,7 @@ def gdn_decode_step(
             mixed_qkv, conv_weight, conv_state, slots, init, conv_out,
             dims.channels, mixed_qkv.stride(0), mixed_qkv.stride(1),
             conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-            K=dims.kernel, BLOCK_C=CONV_BLOCK_C, BLOCK_K=next_power_of_2(dims.kernel), num_warps=CONV_WARPS,
+            K=dims.kernel, BLOCK_C=CONV_BLOCK_C, BLOCK_K=next_power_of_2(dims.kernel), num_warps=CONV_WARPS, **pdl.launch_args(),
         )  # fmt: skip
     if ba_from is not None:  # b and a become outputs: part 0 of each (row, head) writes the rounded values
         ba_x, ba_weight = ba_from
@@ -392,6 +396,6 @@ def gdn_decode_step(
         HK=dims.num_k_heads, HV=dims.num_v_heads, DK=dims.k_head_dim, DV=dims.v_head_dim,
         BLOCK_K=next_power_of_2(dims.k_head_dim), BLOCK_V=block_v, L2_EPS=L2_EPS,
         SPLIT=split, BLOCK_DV=next_power_of_2(dims.v_head_dim), num_warps=STEP_WARPS if split == 1 else SPLIT_WARPS, STATE_FIRST=STATE_FIRST,
-        pairs_ptr=pairs_out if pairs_out is not None else buffer, PAIRS=pairs_out is not None, **fused,
+        pairs_ptr=pairs_out if pairs_out is not None else buffer, PAIRS=pairs_out is not None, **fused, **pdl.launch_args(),
     )  # fmt: skip
     finish(buffer, out)

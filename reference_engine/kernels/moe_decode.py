@@ -44,7 +44,13 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels import moe_grouped_decode, moe_grouped_half, norms, router
+from reference_engine.kernels import (
+    moe_grouped_decode,
+    moe_grouped_half,
+    norms,
+    pdl,
+    router,
+)
 from reference_engine.kernels.launch import (
     cdiv,
     finish,
@@ -211,10 +217,12 @@ def _gate_up_kernel(
     shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
     ACT_PAIRS: tl.constexpr = False, X_PAIRS: tl.constexpr = 0,
     logits_ptr=None, weights_ptr=None, E=0, BLOCK_E: tl.constexpr = 1, BLOCK_TOPK: tl.constexpr = 1, TOPK: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
+    pdl.pdl_wait(PDL)
     _gate_up_program(tl.program_id(0), tl.program_id(1), x_ptr, ids_ptr, w_ptr, scale_ptr, scale_2_ptr, act_ptr, H, I, TOP_K, WEIGHT_NVFP4, BLOCK_N,
                      BLOCK_K, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED, LOOP, DECODE, False, ACT_PAIRS, X_PAIRS,
-                     logits_ptr, weights_ptr, E, BLOCK_E, BLOCK_TOPK, TOPK)  # fmt: skip
+                     logits_ptr, weights_ptr, E, BLOCK_E, BLOCK_TOPK, TOPK, PDL)  # fmt: skip
 
 
 @triton.jit
@@ -224,6 +232,7 @@ def _gate_up_program(
     shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, SHARED: tl.constexpr, LOOP: tl.constexpr, DECODE: tl.constexpr,
     ROUND_BF16: tl.constexpr = False, ACT_PAIRS: tl.constexpr = False, X_PAIRS: tl.constexpr = 0,
     logits_ptr=None, weights_ptr=None, E=0, BLOCK_E: tl.constexpr = 1, BLOCK_TOPK: tl.constexpr = 1, TOPK: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
     """act[pair, rows] = silu(gate) * up for the pair p = t * SLOTS + j and gate rows row_block * BLOCK_N.. (module
     docstring, launch 1). ROUND_BF16: round the activation to bfloat16 in float32 first (the interpreter's store truncates).
@@ -231,7 +240,8 @@ def _gate_up_program(
     act[pair, rows / 2] in the order of this decode (`nvfp4_half_dot._store_rows_half_pairs`: the bfloat16 rounding, then
     the conversion every down program would repeat). X_PAIRS 1 or 2 (DECODE 3 to 6): x is given as those pairs
     (`_nvfp4_rows_dot`). TOPK (SHARED, NVFP4): a routed slot's expert comes from the router logits (`_topk_expert`),
-    not from `ids_ptr`, which the launch then writes with `weights_ptr`."""
+    not from `ids_ptr`, which the launch then writes with `weights_ptr`. PDL 2 releases the next launch before the stores
+    (`kernels/pdl.py`; the caller waited)."""
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K  # slots per token; with SHARED the last one is the shared expert
     rows = row_block * BLOCK_N + tl.arange(0, BLOCK_N)  # gate rows; up rows are I + rows
     row_ok = rows < I
@@ -261,6 +271,7 @@ def _gate_up_program(
             gate += _dense_rows_dot(w_ptr, gate_row * H, row_ok, x_row, H, k0, BLOCK_K)
             up += _dense_rows_dot(w_ptr, up_row * H, row_ok, x_row, H, k0, BLOCK_K)
     act = gate * tl.sigmoid(gate) * up
+    pdl.pdl_release(PDL)
     if ACT_PAIRS:
         _store_rows_half_pairs(act_ptr + pair.to(tl.int64) * (I // 2), row_block, act, True, I, BLOCK_N, DECODE == 3 or DECODE == 5, DECODE >= 5)
     else:
@@ -310,13 +321,14 @@ def _down_kernel(
     act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, out_ptr, H: tl.constexpr, I: tl.constexpr,
     TOP_K: tl.constexpr, WEIGHT_NVFP4: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_I: tl.constexpr,
     shared_w_ptr=None, shared_scale_ptr=None, shared_scale_2_ptr=None, SHARED: tl.constexpr = False, LOOP: tl.constexpr = 0, DECODE: tl.constexpr = 0,
-    SPLIT: tl.constexpr = 1, workspace_ptr=None, counter_ptr=None, X_PAIRS: tl.constexpr = 0,
+    SPLIT: tl.constexpr = 1, workspace_ptr=None, counter_ptr=None, X_PAIRS: tl.constexpr = 0, PDL: tl.constexpr = 0,
 ):
     """Grid (T, cdiv(H, BLOCK_H)[, SPLIT]). With SPLIT > 1 the token's slots are dealt over SPLIT programs (slot j
     to part j % SPLIT, the shared slot counting as slot TOP_K); each stores its float32 sum over its slots, in slot
     order, in `workspace [SPLIT, T, H]` and takes a ticket from `counter_ptr [T * cdiv(H, BLOCK_H)]` (zero between
     calls); the program drawing the last ticket adds the parts in part order, writes `out` and resets the counter.
-    The sum's order is fixed, so the result does not depend on which program finishes last."""
+    The sum's order is fixed, so the result does not depend on which program finishes last. PDL: `kernels/pdl.py`."""
+    pdl.pdl_wait(PDL)
     SLOTS: tl.constexpr = TOP_K + 1 if SHARED else TOP_K
     token = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -332,6 +344,7 @@ def _down_kernel(
                 acc += _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, token * SLOTS + TOP_K, rows, row_ok, H, I,
                                     BLOCK_H, BLOCK_I, DECODE, X_PAIRS)  # fmt: skip
         T = tl.num_programs(0)
+        pdl.pdl_release(PDL)
         tl.store(workspace_ptr + (part * T + token).to(tl.int64) * H + rows, acc, mask=row_ok)
         tl.debug_barrier()  # every thread's part is stored before the ticket is taken (release, GPU scope)
         counter = counter_ptr + token * tl.num_programs(1) + tl.program_id(1)
@@ -354,6 +367,7 @@ def _down_kernel(
                 acc += _down_slot(act_ptr, ids_ptr, weights_ptr, w_ptr, scale_ptr, scale_2_ptr, token * SLOTS + j, rows, row_ok, H, I, WEIGHT_NVFP4, BLOCK_H, BLOCK_I, DECODE, X_PAIRS)
         if SHARED:  # the last slot: the shared expert, weight = sigmoid(its gate logit)
             acc += _shared_down(act_ptr, weights_ptr, shared_w_ptr, shared_scale_ptr, shared_scale_2_ptr, token * SLOTS + TOP_K, rows, row_ok, H, I, BLOCK_H, BLOCK_I, DECODE, X_PAIRS)
+        pdl.pdl_release(PDL)
         tl.store(out_ptr + token.to(tl.int64) * H + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
 
 
@@ -444,7 +458,7 @@ def _launch(
     _gate_up_kernel[(num_tokens * slots, cdiv(intermediate, block_n))](
         x_pairs if x_pairs_form else x.view(torch.int32) if half else x, ids, gate_up, gate_up_scale, gate_up_scale_2, act, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_N=block_n, BLOCK_K=block_k, LOOP=loop, DECODE=decode, ACT_PAIRS=bool(act_pairs),
-        X_PAIRS=x_pairs_form, **gate_up_shared,
+        X_PAIRS=x_pairs_form, **gate_up_shared, **pdl.launch_args(),
     )
     if not act_pairs:
         if act.dtype != x.dtype:
@@ -463,7 +477,7 @@ def _launch(
     _down_kernel[(num_tokens, row_blocks, split)](
         act, ids, topk_weights.contiguous(), down, down_scale, down_scale_2, target, hidden, intermediate,
         TOP_K=top_k, WEIGHT_NVFP4=nvfp4, BLOCK_H=block_h, BLOCK_I=block_i, LOOP=loop, DECODE=decode, X_PAIRS=act_pairs,
-        **down_shared,
+        **down_shared, **pdl.launch_args(),
     )
     if target is not buffer:
         buffer.copy_(target)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels import gemv_pairs
+from reference_engine.kernels import gemv_pairs, pdl
 from reference_engine.kernels.launch import (
     finish,
     next_power_of_2,
@@ -79,7 +79,8 @@ def _store_pairs(row_ptr, dest_ptr, words, word_ok, FP8: tl.constexpr):
 @triton.jit
 def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_out_ptr, steps_ptr, pairs_ptr, n_rows, D, eps, z_heads, stride_zt,
                      MODE: tl.constexpr, BF16: tl.constexpr, BLOCK_D: tl.constexpr, STEPS: tl.constexpr, ROWS: tl.constexpr,
-                     PAIRS: tl.constexpr = 0):
+                     PAIRS: tl.constexpr = 0, PDL: tl.constexpr = 0):
+    pdl.pdl_wait(PDL)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]  # [ROWS, 1]
     cols = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
     ok = (cols < D) & (rows < n_rows)
@@ -100,6 +101,7 @@ def _rms_norm_kernel(x_ptr, residual_ptr, z_ptr, weight_ptr, out_ptr, residual_o
         y = weight * normed * (z * tl.sigmoid(z))
     else:
         y = normed * (1.0 + weight)
+    pdl.pdl_release(PDL)
     tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=ok)
     if STEPS:  # the same values again, each 128-column step permuted (D a multiple of 128)
         tl.store(steps_ptr + rows * D + _step_column(cols), y.to(steps_ptr.dtype.element_ty), mask=ok)
@@ -148,7 +150,7 @@ def _launch(mode: int, x, weight, out, eps, residual=None, z=None, residual_out=
         weight.contiguous(), target, residual_target if residual_target is not None else target,
         steps if steps is not None else target, pairs_out if pairs_out is not None else target, rows, width, float(eps), z_heads, stride_zt,
         MODE=mode, BF16=x.dtype == torch.bfloat16, BLOCK_D=next_power_of_2(width), STEPS=int(steps_out is not None),
-        ROWS=per_program, PAIRS=0 if pairs_out is None else 3 if pairs_fp8 is None else 1 + bool(pairs_fp8),
+        ROWS=per_program, PAIRS=0 if pairs_out is None else 3 if pairs_fp8 is None else 1 + bool(pairs_fp8), **pdl.launch_args(),
     )
     if residual_target is not None and residual_target is not residual_out:
         residual_out.copy_(residual_target)

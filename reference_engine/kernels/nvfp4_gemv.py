@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels import gemv_pairs
+from reference_engine.kernels import gemv_pairs, pdl
 from reference_engine.kernels.launch import (
     cdiv,
     finish,
@@ -391,6 +391,7 @@ def _launch_half(x2d, weight_packed, weight_scale, weight_scale_2, out2d, block_
         x2d.view(torch.int32) if x_pairs is None else x_pairs, blocks, scales, scale_2, out2d, workspace, counters, rows, k_blocks,
         STEPS_PER_SPLIT=steps_per_split, SPLIT_K=split_k, BLOCK_N=block_n, BLOCK_B=block_b, ROW_SCALES=row_scales, LOOP=loop,
         ASM=not interpreting(), FP8=fp8, TILED=tiled is not None, X_PAIRS=0 if x_pairs is None else pair_loads, num_warps=num_warps,
+        **pdl.launch_args(),
     )
 
 

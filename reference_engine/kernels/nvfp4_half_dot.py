@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from reference_engine.kernels import pdl
 from reference_engine.kernels.nvfp4_gemv import _e2m1_word_pair
 
 HALF_RESTORE = 1024.0  # 2^10: decoded float16 codes are E2M1 * 2^-14; times this they are E2M1 * 2^-4
@@ -336,7 +337,7 @@ def _w4a16_gemv_half_kernel(
     x32_ptr, blocks_ptr, scale_ptr, scale_2_ptr, out_ptr, workspace_ptr, counter_ptr, N, K_BLOCKS,
     STEPS_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
     ROW_SCALES: tl.constexpr, LOOP: tl.constexpr, ASM: tl.constexpr, FP8: tl.constexpr = False, TILED: tl.constexpr = False,
-    X_PAIRS: tl.constexpr = 0,
+    X_PAIRS: tl.constexpr = 0, PDL: tl.constexpr = 0,
 ):
     """One token: out[n] = sum_k x[k] W[n, k]. Grid (cdiv(N, BLOCK_N), SPLIT_K); BLOCK_B scale blocks
     (16 elements, 8 bytes) per row per step. TILED: `blocks_ptr` and `scale_ptr` hold a tile-major copy for
@@ -347,7 +348,8 @@ def _w4a16_gemv_half_kernel(
     Split-K without a second launch: each program stores its float32 partial sums in `workspace [SPLIT_K, N]`,
     then takes a ticket from its row block's counter (`counter_ptr [cdiv(N, BLOCK_N)]` int32, zero between
     calls). The program that draws the last ticket sums the SPLIT_K partials in split order (the result does
-    not depend on which program finishes last), writes `out` and puts the counter back to zero."""
+    not depend on which program finishes last), writes `out` and puts the counter back to zero. PDL: `kernels/pdl.py`."""
+    pdl.pdl_wait(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -372,6 +374,7 @@ def _w4a16_gemv_half_kernel(
             acc += _half_rows_dot(blocks_ptr, scale_ptr, rows64, row_ok, x32_ptr, K_BLOCKS, (pid_k * STEPS_PER_SPLIT + step) * BLOCK_B, BLOCK_N, BLOCK_B, ASM, FP8,
                                   tile_base, TILED, X_PAIRS)
     acc = tl.sum(acc, axis=1) * scale_2
+    pdl.pdl_release(PDL)
     if SPLIT_K == 1:
         tl.store(out_ptr + rows, acc.to(out_ptr.dtype.element_ty), mask=row_ok)
     else:

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference_engine.kernels import gemv_pairs
+from reference_engine.kernels import gemv_pairs, pdl
 from reference_engine.kernels.launch import (
     cdiv,
     finish,
@@ -44,8 +44,9 @@ def _paged_split_kernel(
     MAX_BLOCKS, SPLITS,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
     TOKENS_PER_SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr = 0,
 ):
+    pdl.pdl_wait(PDL)
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -83,6 +84,7 @@ def _paged_split_kernel(
             acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="tf32")
         m = m_new
     part = (seq * HKV + kv_head) * SPLITS + split
+    pdl.pdl_release(PDL)
     tl.store(part_m_ptr + part * BLOCK_G + heads, m)
     tl.store(part_l_ptr + part * BLOCK_G + heads, l)
     tl.store(part_acc_ptr + (part * BLOCK_G + heads[:, None]) * BLOCK_D + dims[None, :], acc)
@@ -91,7 +93,8 @@ def _paged_split_kernel(
 @triton.jit
 def _combine_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, gate_ptr, stride_gate, SPLITS, HQ: tl.constexpr, HKV: tl.constexpr,
                     D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, GATED: tl.constexpr,
-                    pairs_ptr=None, PAIRS: tl.constexpr = False):
+                    pairs_ptr=None, PAIRS: tl.constexpr = False, PDL: tl.constexpr = 0):
+    pdl.pdl_wait(PDL)
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     G = HQ // HKV
@@ -110,6 +113,7 @@ def _combine_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, gate_ptr, str
     if GATED:  # the output gate: the second D of head's 2D columns of the q_proj output
         gate = tl.load(gate_ptr + seq * stride_gate + head * (2 * D) + D + dims, mask=dims < D, other=0.0).to(tl.float32)
         total = total * tl.sigmoid(gate)
+    pdl.pdl_release(PDL)
     tl.store(out_ptr + (seq * HQ + head) * D + dims, total.to(out_ptr.dtype.element_ty), mask=dims < D)
     if PAIRS:  # the head again as the batch-1 GEMV's float16 pairs for o_proj, both orders ([B, 2, HQ * D / 2]; D % 16 == 0)
         tl.debug_barrier()  # this program's stores of the head are visible to all its threads
@@ -170,14 +174,14 @@ def _launch(query, k_cache, v_cache, block_tables, seq_lens, out, scale, gate, p
         query.contiguous(), k_cache.contiguous(), v_cache.contiguous(), tables, lens, part_acc, part_m, part_l, float(scale),
         tables.shape[1], splits,
         HQ=query_heads, HKV=kv_heads, D=head_dim, BS=block_size, TOKENS_PER_SPLIT=tokens_per_split, BLOCK_T=block_t,
-        BLOCK_G=block_g, BLOCK_D=block_d, IEEE=query.dtype == torch.float32,
+        BLOCK_G=block_g, BLOCK_D=block_d, IEEE=query.dtype == torch.float32, **pdl.launch_args(),
     )
     buffer = staging_buffer(out)
     target = buffer if buffer.is_contiguous() else torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
     _combine_kernel[(batch, query_heads)](
         part_acc, part_m, part_l, target, query if gate is None else gate, 0 if gate is None else gate.stride(0), splits,
         HQ=query_heads, HKV=kv_heads, D=head_dim, BLOCK_S=next_power_of_2(splits), BLOCK_G=block_g, BLOCK_D=block_d,
-        GATED=gate is not None, pairs_ptr=pairs_out if pairs_out is not None else target, PAIRS=pairs_out is not None,
+        GATED=gate is not None, pairs_ptr=pairs_out if pairs_out is not None else target, PAIRS=pairs_out is not None, **pdl.launch_args(),
     )
     if target is not buffer:
         buffer.copy_(target)

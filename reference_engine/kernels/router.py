@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from reference_engine.kernels import pdl
 from reference_engine.kernels.gemv_pairs import check_pairs_out
 from reference_engine.kernels.launch import (
     cdiv,
@@ -130,8 +131,9 @@ def _prefetch_expert_spans(base, ids, id_ok, PER_EXPERT: tl.constexpr, CHUNK: tl
 @triton.jit
 def _router_topk_kernel(
     logits_ptr, weights_ptr, ids_ptr, E, stride_t, TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    WITH_SHARED: tl.constexpr = False,
+    WITH_SHARED: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):
+    pdl.pdl_wait(PDL)  # a kernel this small releases the next one only by ending
     token = tl.program_id(0).to(tl.int64)
     ROW: tl.constexpr = TOP_K + 1 if WITH_SHARED else TOP_K
     _topk_row(logits_ptr + token * stride_t, weights_ptr + token * ROW, ids_ptr + token * ROW, E, TOP_K, BLOCK_E, BLOCK_K, WITH_SHARED, False)
@@ -227,7 +229,7 @@ def _router_gemv_topk_kernel(
     CHUNK: tl.constexpr = 65536, NCH_GU: tl.constexpr = 1, NCH_GUS: tl.constexpr = 1, NCH_D: tl.constexpr = 1, NCH_DS: tl.constexpr = 1,
     residual_ptr=None, norm_w_ptr=None, normed_ptr=None, residual_out_ptr=None, eps=1e-6, ADD_NORM: tl.constexpr = False,
     BF16: tl.constexpr = False, NORM_WRITER: tl.constexpr = 0, pairs_ptr=None, PAIRS: tl.constexpr = 0, ASM: tl.constexpr = False,
-    TOPK: tl.constexpr = True,
+    TOPK: tl.constexpr = True, PDL: tl.constexpr = 0,
 ):
     """Router logits and the top-k with the shared slot in one launch. Grid (ROW_BLOCKS, T): program (r, t)
     computes logits rows r*BLOCK_R.. of token t (float32 sums over H, rounded to x's dtype as F.linear
@@ -235,10 +237,12 @@ def _router_gemv_topk_kernel(
     draws the last one runs `_topk_row` over the finished row and puts the counter back to zero. ADD_NORM: x is the
     un-normed input; each program normalises the token's row itself (module docstring), program NORM_WRITER stores it
     (and with PAIRS its float16 pairs, `_add_norm_row`). Without TOPK the launch writes the logits (and the norm) only:
-    no ticket, no top-k (`router_gemv_logits`)."""
+    no ticket, no top-k (`router_gemv_logits`). PDL: `kernels/pdl.py` (the release follows the ticket)."""
+    pdl.pdl_wait(PDL)
     token = tl.program_id(1).to(tl.int64)
     ticket = _router_logits_ticket(tl.program_id(0), token, x_ptr, w_ptr, logits_ptr, counter_ptr, E, H, BLOCK_R, BLOCK_H, residual_ptr, norm_w_ptr,
                                    normed_ptr, residual_out_ptr, eps, ADD_NORM, BF16, NORM_WRITER, pairs_ptr, PAIRS, ASM, TOPK)  # fmt: skip
+    pdl.pdl_release(PDL)
     if TOPK and ticket == ROW_BLOCKS - 1:
         ROW: tl.constexpr = TOP_K + 1
         ids, id_ok = _topk_row(logits_ptr + token * (E + 1), weights_ptr + token * ROW, ids_ptr + token * ROW, E, TOP_K, BLOCK_E, BLOCK_K, True, True)
@@ -281,7 +285,7 @@ def _launch(router_logits, topk_weights, topk_ids, num_experts: int, top_k: int,
     ids = topk_ids if topk_ids.is_contiguous() else torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
     _router_topk_kernel[(num_tokens,)](
         logits, weights, ids, num_experts, logits.stride(0),
-        TOP_K=top_k, BLOCK_E=next_power_of_2(num_experts), BLOCK_K=next_power_of_2(top_k), WITH_SHARED=with_shared,
+        TOP_K=top_k, BLOCK_E=next_power_of_2(num_experts), BLOCK_K=next_power_of_2(top_k), WITH_SHARED=with_shared, **pdl.launch_args(),
     )
     if weights is not topk_weights:
         topk_weights.copy_(weights)
@@ -396,7 +400,7 @@ def _fused_launch(x, router_weight, logits, topk, prefetch, record, add_norm, pa
         x, router_weight, logits, counters, topk_weights, topk_ids, num_experts, hidden,
         TOP_K=top_k, BLOCK_E=next_power_of_2(num_experts), BLOCK_K=next_power_of_2(top_k),
         BLOCK_R=ROUTER_ROWS, BLOCK_H=min(ROUTER_BLOCK_H, next_power_of_2(hidden)), ROW_BLOCKS=row_blocks, num_warps=ROUTER_WARPS,
-        TOPK=topk is not None, **extra,
+        TOPK=topk is not None, **extra, **pdl.launch_args(),
     )
 
 

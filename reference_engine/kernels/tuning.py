@@ -26,7 +26,8 @@ the kernels before the batch-1 GEMVs (the norm before each mixer, the GDN step, 
 for them (`kernels/gemv_pairs.py`; 0 off), `moe_act_pairs` 1 or 2 the decode MoE's gate/up kernel storing the
 activation as the down kernel's float16 pairs, `moe_x_pairs` 1 or 2 the fused router's norm (`router_add_norm`) writing x
 as the gate/up kernel's pairs (0 off; the three timed by `benchmarks/kernels/time_float16_pairs.py`), `moe_gate_up_topk_max_tokens` up to that batch
-the fused router writing logits only and the decode MoE's gate/up launch picking the experts (`moe_decode.topk_in_experts`; 0 off), `gemm_tiled` 1 tile-major copies for
+the fused router writing logits only and the decode MoE's gate/up launch picking the experts (`moe_decode.topk_in_experts`; 0 off), `pdl` 1 or 2
+the decode kernels launched with programmatic dependent launch, the next one released at the start or after the main loop (`kernels/pdl.py`; 0 off), `gemm_tiled` 1 tile-major copies for
 the decode-batch GEMM's tiles (`benchmarks/kernels/time_gemm_tiled.py`); `gemm_min_tokens` the batch from which the linears run the tensor-core GEMM
 instead of the GEMV (at most 65); the next three switch the decode launch savings of the GDN decode step (split
 heads below this many rows x heads), the MoE router (one launch up to this batch) and the small dense linears
@@ -201,6 +202,7 @@ class TuningFile(BaseModel):
     moe_act_pairs: int | None = Field(default=None, ge=0, le=2)  # decode MoE: the activation as the down kernel's float16 pairs (0 off; 1, 2)
     moe_x_pairs: int | None = Field(default=None, ge=0, le=2)  # decode MoE: x as the gate/up kernel's pairs from the fused router's norm
     moe_gate_up_topk_max_tokens: int | None = Field(default=None, ge=0)  # decode MoE: the gate/up launch picks the experts up to this batch (0: never)
+    pdl: int | None = Field(default=None, ge=0, le=2)  # decode kernels: programmatic dependent launch (0 off; 1, 2 where the release sits)
     sampling_fused_select: int | None = Field(default=None, ge=0, le=1)  # sampling's top-k selection path in two Triton launches
     gemm_decode: int | None = Field(default=None, ge=0, le=1)  # tensor-core GEMMs' weight decode: 0 bytes, 1 int32 words (PTX)
     gemm_prefetch_linear: int | None = Field(default=None, ge=0, le=1)  # tensor-core linears: next K step's x and scales loaded ahead
@@ -254,6 +256,7 @@ def apply_tuning(path: str | Path) -> TuningFile:
         nvfp4_gemm,
         nvfp4_gemv,
         paged_decode,
+        pdl,
         router,
         sampling_select,
         side_stream,
@@ -278,6 +281,8 @@ def apply_tuning(path: str | Path) -> TuningFile:
         moe_decode.X_PAIRS = tuning.moe_x_pairs
     if tuning.moe_gate_up_topk_max_tokens is not None:
         moe_decode.GATE_UP_TOPK_MAX_TOKENS = tuning.moe_gate_up_topk_max_tokens
+    if tuning.pdl is not None:
+        pdl.MODE = tuning.pdl
     if tuning.gemm_tiled is not None:
         nvfp4_gemm.TILED_SMALL_M = bool(tuning.gemm_tiled)
     for value, module, name in ((tuning.gdn_step_split_below, gdn_decode_step, "STEP_SPLIT_BELOW"), (tuning.gdn_step_split, gdn_decode_step, "STEP_SPLIT"),
