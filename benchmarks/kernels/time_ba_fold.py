@@ -30,6 +30,9 @@ from time_decode_pieces import (  # the sibling script's GDN step and graph timi
     gdn_step_setup,
     timed,
 )
+from time_gdn_fused_conv import (
+    max_batch_faster,  # the largest batch of the winning prefix
+)
 
 MARGIN = 0.02
 KEY = "gdn_step_ba_fold_max_batch"
@@ -56,16 +59,6 @@ def one_batch(batch: int) -> dict:
     return record
 
 
-def max_batch_faster(rows: dict, margin: float = MARGIN) -> int:
-    """The largest timed batch up to which the fold beats the launch by more than `margin` at every timed batch."""
-    best = 0
-    for batch in BATCHES:
-        if rows[batch]["fold_us"] >= (1 - margin) * rows[batch]["launch_us"]:
-            break
-        best = batch
-    return best
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -78,7 +71,7 @@ def main() -> int:
     for batch in BATCHES:
         rows[batch] = records[f"batch_{batch}"] = one_batch(batch)
         print(batch, json.dumps(rows[batch]), flush=True)
-    records["ba_fold_max_batch"] = max_batch_faster(rows)
+    records["ba_fold_max_batch"] = max_batch_faster(records, "fold_us", "launch_us", MARGIN)
     Path(args.out).write_text(json.dumps(records, indent=1))
     if not all(row["close"] for row in rows.values()):
         print(f"the fold disagrees with the launch: {KEY} not written", file=sys.stderr)

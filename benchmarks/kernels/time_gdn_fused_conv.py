@@ -75,12 +75,13 @@ def main() -> int:
     return status
 
 
-def max_batch_faster(records: dict, margin: float = MARGIN) -> int:
-    """The largest timed batch up to which the fused form beats two launches by more than `margin` at every timed batch."""
+def max_batch_faster(records: dict, new: str = "fused_us", old: str = "two_launches_us", margin: float = MARGIN) -> int:
+    """The largest timed batch up to which the new form (`records[f"batch_{b}"][new]`, in us) beats the old one by more
+    than `margin` at every timed batch; 0 when it does not at the first (time_ba_fold.py uses it too)."""
     best = 0
     for batch in BATCHES:
         row = records[f"batch_{batch}"]
-        if row["fused_us"] >= (1.0 - margin) * row["two_launches_us"]:
+        if row[new] >= (1.0 - margin) * row[old]:
             break
         best = batch
     return best
