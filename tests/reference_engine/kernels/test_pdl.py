@@ -109,13 +109,14 @@ def test_the_real_moe_block_and_gdn_step_are_the_same_bits_with_pdl_on_cuda(mode
     import sys
 
     from kernel_interpreter import REPO
-    from real_moe_layer import TOP_K, real_decode_inputs
+    from real_moe_layer import EXPERTS, HIDDEN, TOP_K, real_decode_inputs
 
     from reference_engine.kernels import moe_decode, tuning
 
     tuning.apply_for_cuda()
     experts, shared, x, _, _ = real_decode_inputs(1)
-    router_weight = (torch.randn(experts.gate_up_packed.shape[0] + 1, x.shape[1], device="cuda") * x.shape[1] ** -0.5).bfloat16()
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    router_weight = (torch.randn(EXPERTS + 1, HIDDEN, generator=generator, device="cuda") * HIDDEN**-0.5).bfloat16()
     sys.path.insert(0, str(REPO / "benchmarks" / "kernels"))
     from time_decode_pieces import gdn_step_setup
 
