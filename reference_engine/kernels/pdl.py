@@ -9,7 +9,7 @@ the next kernel be dispatched once every program of this one has executed it (or
   their own wait; their dispatch and set-up overlap this kernel, at the cost of the slots they hold.
 - `MODE` 2: after the kernel's main loop (`pdl_release`, before its last stores or ticket). The next kernel is dispatched
   during this one's tail only, so its programs hold no slots this kernel's main loops could use.
-`MODE` 0 (the default) launches plainly; the tuning key `pdl` sets it per card after `benchmarks/kernels/time_pdl_modes.py`
+`MODE` 0 (the default) launches plainly; the tuning key `pdl` sets it per card after `benchmarks/kernels/time_launch_folds.py`
 times all three in the batch-1 decode graph.
 
 History: run10 (2026-12-02, H200) launched the kernels of that day with MODE 1 and an L2 prefetch of the GEMV's weights

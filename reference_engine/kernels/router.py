@@ -353,7 +353,7 @@ def router_gemv_logits(
 ) -> None:
     """The fused launch without its ticket and top-k: `logits = F.linear(x, router_weight)` rounded to x's dtype (with
     `add_norm` and `pairs_out` as in `router_gemv_topk_with_shared`); the MoE gate/up launch then picks the experts
-    (`moe_decode.GATE_UP_TOPK`)."""
+    (`moe_decode.topk_in_experts`)."""
     if logits.shape != (x.shape[0], router_weight.shape[0]) or logits.dtype != x.dtype or not logits.is_contiguous():
         raise ValueError(f"logits must be contiguous {x.dtype} [{x.shape[0]}, {router_weight.shape[0]}], got {logits.dtype} {tuple(logits.shape)}")
     _fused_launch(x, router_weight, logits, None, None, None, add_norm, pairs_out, pairs_fp8)
